@@ -1,0 +1,3 @@
+"""oospec: lossless speculative decoding for tool calls."""
+
+__version__ = "0.1.0"

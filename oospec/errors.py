@@ -1,0 +1,25 @@
+"""Errors a user can act on. Everything the CLI shows without a traceback derives from OospecError."""
+
+
+class OospecError(Exception):
+    """Base class: the message alone tells the user what went wrong and what to do."""
+
+
+class ModelNotFoundError(OospecError):
+    """A model name that is neither a known model nor a local Hugging Face folder."""
+
+
+class ModelIntegrityError(OospecError):
+    """Downloaded or cached weights that are corrupt, truncated or fail their checksum."""
+
+
+class ContextLengthError(OospecError):
+    """A prompt (plus the requested new tokens) that does not fit the model's context."""
+
+
+class InvalidMessagesError(OospecError):
+    """Chat messages that are not a list of {role, content} objects the chat template accepts."""
+
+
+class SchemaError(OospecError):
+    """A tool definition that cannot be turned into a schema."""
