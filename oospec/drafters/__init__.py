@@ -1,0 +1,25 @@
+"""Drafters, one module each, looked up by method name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from oospec.drafters.ar import AutoregressiveDrafter
+from oospec.drafters.base import Drafter, Request
+from oospec.drafters.pld import PromptLookupDrafter
+
+DRAFTERS: dict[str, Callable[..., Drafter]] = {
+    "ar": AutoregressiveDrafter,
+    "pld": PromptLookupDrafter,
+}
+
+
+def make_drafter(method: str, **options) -> Drafter:
+    try:
+        factory = DRAFTERS[method]
+    except KeyError:
+        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(DRAFTERS)}") from None
+    return factory(**options)
+
+
+__all__ = ["DRAFTERS", "Drafter", "Request", "make_drafter"]

@@ -1,0 +1,61 @@
+"""`pld`: prompt lookup. Continue the text the way it continued after the last occurrence of its suffix.
+
+Tool calls copy a lot from the prompt (names, ids, dates), so the longest n-gram that ends the context and
+appeared before is a strong hint. Several earlier occurrences with different continuations become branches.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from oospec.drafters.base import Drafter, Request
+from oospec.engine.tree import TokenTree
+
+
+def lookup_continuations(
+    context: np.ndarray, max_ngram: int, min_ngram: int, draft_len: int, max_branches: int
+) -> list[np.ndarray]:
+    """Continuations of the most recent earlier occurrences of the context's suffix, longest n-gram first."""
+    n_ctx = context.size
+    found: list[np.ndarray] = []
+    seen: set[bytes] = set()
+    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
+        suffix = context[n_ctx - n :]
+        # Windows that start early enough to have at least one token after them, not the suffix itself.
+        windows = sliding_window_view(context[: n_ctx - 1], n)
+        starts = np.flatnonzero((windows == suffix).all(axis=1))
+        for start in starts[::-1]:
+            cont = context[start + n : start + n + draft_len]
+            key = cont.tobytes()
+            if key in seen:
+                continue
+            seen.add(key)
+            found.append(cont)
+            if len(found) >= max_branches:
+                return found
+    return found
+
+
+class PromptLookupDrafter(Drafter):
+    name = "pld"
+
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1, draft_len: int = 10, max_branches: int = 4):
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.draft_len = draft_len
+        self.max_branches = max_branches
+        self._eos = np.zeros(0, dtype=np.int64)
+
+    def start(self, request: Request) -> None:
+        self._eos = np.fromiter(request.eos_ids, dtype=np.int64)
+
+    def propose(self, context: np.ndarray, budget: int) -> TokenTree:
+        conts = lookup_continuations(context, self.max_ngram, self.min_ngram, self.draft_len, self.max_branches)
+        return TokenTree.from_sequences((cut_at_eos(c, self._eos) for c in conts), budget)
+
+
+def cut_at_eos(draft: np.ndarray, eos: np.ndarray) -> np.ndarray:
+    """A draft never needs tokens after an end-of-turn token: generation stops there."""
+    hits = np.flatnonzero(np.isin(draft, eos))
+    return draft[: hits[0] + 1] if hits.size else draft

@@ -1,0 +1,130 @@
+"""The speculative decode loop: prefill, then propose -> verify -> accept -> commit until done."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from oospec.drafters.base import Drafter, Request
+from oospec.engine.acceptance import greedy_accept
+from oospec.engine.target import TargetBackend
+from oospec.engine.tree import TokenTree
+from oospec.errors import ContextLengthError
+
+
+@dataclass
+class GenerationStats:
+    new_tokens: int = 0
+    target_forwards: int = 0  # prefill included: it produces the first token
+    accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted by each verify forward
+    tree_sizes: list[int] = field(default_factory=list)  # nodes verified by each verify forward
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    draft_s: float = 0.0  # time inside drafters (part of decode_s)
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens produced per target forward (1.0 for autoregressive decoding)."""
+        return self.new_tokens / self.target_forwards if self.target_forwards else 0.0
+
+    @property
+    def mean_accepted(self) -> float:
+        return float(np.mean(self.accepted_per_step)) if self.accepted_per_step else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
+            "tau": round(self.tau, 4),
+            "mean_accepted_per_step": round(self.mean_accepted, 4),
+            "accepted_per_step": self.accepted_per_step,
+            "tree_sizes": self.tree_sizes,
+            "prefill_s": round(self.prefill_s, 4),
+            "decode_s": round(self.decode_s, 4),
+            "draft_s": round(self.draft_s, 4),
+        }
+
+
+@dataclass
+class Generation:
+    tokens: np.ndarray  # (new_tokens,) int64 generated ids, the end-of-turn token included if produced
+    stats: GenerationStats
+
+
+def generate(
+    target: TargetBackend,
+    drafter: Drafter,
+    request: Request,
+    max_new_tokens: int,
+    budget: int = 16,
+) -> Generation:
+    """Greedy decoding of `request.prompt_ids`, accelerated by `drafter`; token-identical to plain greedy.
+
+    budget: the most draft nodes verified per forward.
+    """
+    prompt = np.asarray(request.prompt_ids, dtype=np.int64)
+    p = prompt.size
+    eos = np.fromiter(request.eos_ids, dtype=np.int64)
+    if p == 0:
+        raise ValueError("empty prompt")
+    if p + max_new_tokens > target.max_context:
+        raise ContextLengthError(
+            f"prompt of {p} tokens plus max_new_tokens={max_new_tokens} exceeds the model's context of "
+            f"{target.max_context} tokens: shorten the prompt or lower max_new_tokens"
+        )
+    stats = GenerationStats()
+    # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
+    seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)
+    seq[:p] = prompt
+    n = p
+    target.reset(p + max_new_tokens + budget + 1)
+    drafter.start(request)
+    try:
+        # 1. Prefill: the prompt goes into the cache, its last logits give the first (pending) token.
+        t0 = time.perf_counter()
+        pending = target.prefill(prompt)
+        stats.prefill_s = time.perf_counter() - t0
+        stats.target_forwards = 1
+        seq[n] = pending
+        n += 1
+        done = max_new_tokens <= 1 or pending in request.eos_ids
+        drafter.observe(seq[n - 1 : n])
+        t_decode = time.perf_counter()
+        while not done:
+            remaining = max_new_tokens - (n - p)
+            # 2. Propose: a tree below the pending token, no deeper than the tokens still wanted.
+            t_draft = time.perf_counter()
+            tree = drafter.propose(seq[:n], budget).pruned(budget, remaining - 1) if remaining > 1 else TokenTree.empty()
+            stats.draft_s += time.perf_counter() - t_draft
+            # 3. Verify: one target forward over the pending token and every node.
+            choice = target.verify(pending, tree)
+            # 4. Accept: the longest path the target agrees with, plus its own next token.
+            path, bonus = greedy_accept(tree, choice)
+            # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
+            target.commit(path)
+            stats.target_forwards += 1
+            stats.accepted_per_step.append(int(path.size))
+            stats.tree_sizes.append(len(tree))
+            k = path.size
+            seq[n : n + k] = tree.tokens[path]
+            seq[n + k] = bonus
+            produced = seq[n : n + k + 1]
+            stop = np.flatnonzero(np.isin(produced, eos))
+            if stop.size:
+                produced = produced[: stop[0] + 1]
+                done = True
+            n += produced.size
+            if n - p >= max_new_tokens:
+                n = p + max_new_tokens
+                done = True
+            t_obs = time.perf_counter()
+            drafter.observe(produced)
+            stats.draft_s += time.perf_counter() - t_obs
+            pending = bonus
+        stats.decode_s = time.perf_counter() - t_decode
+    finally:
+        drafter.finish()
+    stats.new_tokens = n - p
+    return Generation(tokens=seq[p:n].copy(), stats=stats)

@@ -1,0 +1,132 @@
+"""The user-facing engine: chat messages in, greedy text out, accelerated by a chosen drafter."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from oospec.drafters import Drafter, Request, make_drafter
+from oospec.engine.decode import Generation, generate
+from oospec.engine.target import TargetBackend
+from oospec.errors import ContextLengthError, InvalidMessagesError
+
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass
+class Result:
+    text: str
+    generation: Generation
+    prompt_tokens: int
+
+    @property
+    def tokens(self) -> np.ndarray:
+        return self.generation.tokens
+
+    @property
+    def stats(self):
+        return self.generation.stats
+
+
+def validate_messages(messages: Any) -> list[dict]:
+    """Chat messages as the chat template expects them, or InvalidMessagesError saying what is wrong."""
+    if not isinstance(messages, list) or not messages:
+        raise InvalidMessagesError("messages must be a non-empty JSON list of {\"role\", \"content\"} objects")
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict):
+            raise InvalidMessagesError(f"message {i} is a {type(msg).__name__}, not an object with role and content")
+        role = msg.get("role")
+        if role not in CHAT_ROLES:
+            raise InvalidMessagesError(f"message {i} has role {role!r}; expected one of {', '.join(CHAT_ROLES)}")
+        content = msg.get("content")
+        if content is None and not (role == "assistant" and msg.get("tool_calls")):
+            raise InvalidMessagesError(f"message {i} ({role}) has no content")
+        if content is not None and not isinstance(content, (str, list)):
+            raise InvalidMessagesError(f"message {i} ({role}) content must be a string")
+    return messages
+
+
+class Engine:
+    """One target model and its tokenizer; `generate` decodes greedily with any drafter, losslessly."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = 16):
+        self.model = model
+        self.tokenizer = tokenizer
+        self.target = TargetBackend(model)
+        self.budget = budget
+        self.eos_ids = self._eos_ids()
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, dtype: str = "auto", device: str = "cpu", optimize: bool = True,
+                        **kwargs) -> Engine:
+        from oospec.models.loading import load_model
+
+        model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
+        if optimize:
+            try:
+                from oospec.engine.cpu_kernels import optimize_for_cpu
+            except ImportError:  # kernels are an optional speed-up
+                pass
+            else:
+                optimize_for_cpu(model)
+        return cls(model, tokenizer, **kwargs)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if value is None:
+                continue
+            ids.update([value] if isinstance(value, int) else value)
+        return frozenset(int(i) for i in ids)
+
+    def encode(self, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
+        """Render chat messages (and tools) with the model's chat template into prompt token ids."""
+        validate_messages(messages)
+        try:
+            ids = self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
+        except Exception as exc:  # the template's own checks (role order, missing fields) surface as clear errors
+            raise InvalidMessagesError(f"the chat template rejected these messages: {exc}") from exc
+        if isinstance(ids, dict) or hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        return np.asarray(ids, dtype=np.int64).reshape(-1)
+
+    def generate(
+        self,
+        messages: list[dict] | None = None,
+        *,
+        prompt_ids: np.ndarray | None = None,
+        tools: list[dict] | None = None,
+        method: str | Drafter = "pld",
+        max_new_tokens: int = 256,
+        budget: int | None = None,
+        request_meta: dict | None = None,
+    ) -> Result:
+        if prompt_ids is None:
+            if messages is None:
+                raise InvalidMessagesError("give either messages or prompt_ids")
+            prompt_ids = self.encode(messages, tools)
+        prompt_ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
+        context = self.target.max_context
+        if prompt_ids.size >= context:
+            raise ContextLengthError(
+                f"the prompt has {prompt_ids.size} tokens but the model's context is {context} tokens"
+            )
+        max_new_tokens = min(max_new_tokens, context - prompt_ids.size)
+        drafter = make_drafter(method) if isinstance(method, str) else method
+        request = Request(
+            prompt_ids=prompt_ids,
+            eos_ids=self.eos_ids,
+            tokenizer=self.tokenizer,
+            messages=messages,
+            tools=tools,
+            meta=request_meta or {},
+        )
+        gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget)
+        text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))

@@ -1,0 +1,151 @@
+"""The target backend: a Hugging Face causal LM that prefills a prompt and verifies token trees.
+
+State is explicit and small: one preallocated KV buffer per layer and the committed length. A
+verification forward writes the pending token and every tree node after the committed length; `commit`
+then keeps the pending token and the accepted nodes, moving them to consecutive slots. Rejected nodes
+are simply overwritten by the next step, so rejection costs nothing and the cache never grows from them.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from oospec.engine.tree import TokenTree
+
+
+class SlotLayer(CacheLayerMixin):
+    """One layer's keys and values in a buffer allocated once; `length` counts the committed slots."""
+
+    is_sliding = False
+    is_compileable = False
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        b, h, _, d = key_states.shape
+        self.device = key_states.device
+        self.keys = key_states.new_empty((b, h, self.capacity, d))
+        self.values = value_states.new_empty((b, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        self.keys[:, :, self.length : end] = key_states
+        self.values[:, :, self.length : end] = value_states
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def keep(self, rows: torch.Tensor | None, count: int) -> None:
+        """Keep `count` rows written by the last forward: rows[j] moves to slot length+j (None: rows 0..count-1)."""
+        if rows is not None:
+            start = self.length
+            self.keys[:, :, start : start + count] = self.keys[:, :, start + rows]
+            self.values[:, :, start : start + count] = self.values[:, :, start + rows]
+        self.length += count
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+
+class TargetBackend:
+    """Greedy prefill and tree verification over one request at a time (batch 1)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
+        self._layers: list[SlotLayer] = []
+        self._cache: Cache | None = None
+        self._neg = torch.finfo(self.dtype).min
+        # transformers 5.x renamed `past_key_values` to `cache`; accept both releases.
+        params = inspect.signature(model.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
+
+    @property
+    def length(self) -> int:
+        """Committed tokens in the KV cache."""
+        return self._layers[0].length if self._layers else 0
+
+    def reset(self, capacity: int) -> None:
+        """Start a new request whose prompt, output and largest tree fit in `capacity` slots."""
+        if self._layers and self._layers[0].capacity >= capacity:
+            for layer in self._layers:
+                layer.length = 0  # buffers stay: everything past `length` is overwritten before it is read
+            return
+        n_layers = self.model.config.num_hidden_layers
+        self._layers = [SlotLayer(capacity) for _ in range(n_layers)]
+        self._cache = Cache(layers=self._layers)
+
+    @torch.inference_mode()
+    def prefill(self, prompt_ids: np.ndarray) -> int:
+        """Encode the prompt into the cache and return the target's first greedy token."""
+        n = int(prompt_ids.size)
+        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).view(1, n)
+        positions = torch.arange(n, device=self.device).view(1, n)
+        out = self.model(
+            input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{self._cache_kw: self._cache}
+        )
+        self._keep(None, n)
+        return int(out.logits[0, -1].argmax())
+
+    @torch.inference_mode()
+    def verify(self, pending: int, tree: TokenTree) -> np.ndarray:
+        """One forward over the pending token and every tree node; returns the target's greedy choice after
+        each of them, (len(tree)+1,) int64 (entry 0: after the pending token)."""
+        q = len(tree) + 1
+        start = self.length
+        tokens = np.empty(q, dtype=np.int64)
+        tokens[0] = pending
+        tokens[1:] = tree.tokens
+        positions = np.empty(q, dtype=np.int64)
+        positions[0] = start
+        positions[1:] = start + tree.depths
+        ids = torch.from_numpy(tokens).to(self.device).view(1, q)
+        pos = torch.from_numpy(positions).to(self.device).view(1, q)
+        out = self.model(
+            input_ids=ids,
+            position_ids=pos,
+            attention_mask=self._tree_mask(tree, start),
+            use_cache=True,
+            **{self._cache_kw: self._cache},
+        )
+        return out.logits[0].argmax(-1).cpu().numpy()
+
+    @torch.inference_mode()
+    def commit(self, accepted: np.ndarray) -> None:
+        """Keep the pending token and the accepted tree nodes of the last `verify` in the cache."""
+        count = accepted.size + 1
+        if np.array_equal(accepted, np.arange(accepted.size)):
+            self._keep(None, count)  # a prefix of the step's input: already in place
+            return
+        rows = np.empty(count, dtype=np.int64)
+        rows[0] = 0
+        rows[1:] = accepted + 1
+        self._keep(torch.from_numpy(rows).to(self.device), count)
+
+    def _keep(self, rows: torch.Tensor | None, count: int) -> None:
+        for layer in self._layers:
+            layer.keep(rows, count)
+
+    def _tree_mask(self, tree: TokenTree, start: int) -> torch.Tensor:
+        """(1, 1, q, start+q) additive mask: the whole cached prefix, then each node's ancestors and itself."""
+        q = len(tree) + 1
+        mask = torch.zeros((1, 1, q, start + q), dtype=self.dtype)
+        if q > 1:
+            mask[0, 0, :, start:].masked_fill_(torch.from_numpy(~tree.ancestor_mask()), self._neg)
+        return mask.to(self.device)

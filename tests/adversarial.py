@@ -1,0 +1,74 @@
+"""Drafters built to break lossless decoding: random, empty, huge, decoy-laden and past-the-end trees."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oospec.drafters.base import Drafter, Request
+from oospec.engine.tree import ROOT, TokenTree
+
+
+class RandomTreeDrafter(Drafter):
+    name = "random-tree"
+
+    def __init__(self, vocab: int, seed: int, max_nodes: int | None = None):
+        self.vocab, self.rng, self.max_nodes = vocab, np.random.default_rng(seed), max_nodes
+
+    def propose(self, context, budget):
+        n = int(self.rng.integers(0, min(budget, self.max_nodes or budget) + 1))
+        parents = np.array([self.rng.integers(ROOT, i) if i else ROOT for i in range(n)], dtype=np.int32)
+        return TokenTree(self.rng.integers(0, self.vocab, n), parents)
+
+
+class HugeTreeDrafter(RandomTreeDrafter):
+    """Always the whole budget (hundreds of nodes), mostly wide and shallow, with a few deep chains."""
+
+    name = "huge-tree"
+
+    def propose(self, context, budget):
+        n = budget
+        parents = np.where(self.rng.random(n) < 0.5, ROOT, np.arange(-1, n - 1))
+        return TokenTree(self.rng.integers(0, self.vocab, n), parents.astype(np.int32))
+
+
+class DecoyOracleDrafter(Drafter):
+    """Knows the true output, hides it among decoys at every depth, and keeps drafting past its end
+    (through the end-of-turn token into random tokens), so acceptance must pick non-first branches and
+    the cache must be compacted, not just truncated."""
+
+    name = "decoy-oracle"
+
+    def __init__(self, reference: np.ndarray, vocab: int, seed: int, depth: int = 12, decoys: int = 3):
+        self.reference, self.vocab, self.rng = reference, vocab, np.random.default_rng(seed)
+        self.depth, self.decoys = depth, decoys
+
+    def start(self, request: Request) -> None:
+        self.prompt_len = request.prompt_ids.size
+
+    def propose(self, context, budget):
+        done = context.size - self.prompt_len  # tokens produced, the pending one included
+        truth = self.reference[done : done + self.depth]
+        tail = self.rng.integers(0, self.vocab, self.depth - truth.size)  # past the end of the reference
+        truth = np.concatenate([truth, tail]).astype(np.int64)
+        seqs = []
+        for cut in range(truth.size):
+            for _ in range(self.decoys):
+                wrong = truth[: cut + 1].copy()
+                wrong[cut] = (wrong[cut] + 1 + self.rng.integers(0, self.vocab - 1)) % self.vocab
+                seqs.append(wrong)
+        self.rng.shuffle(seqs)
+        seqs.insert(int(self.rng.integers(0, len(seqs) + 1)), truth)
+        return TokenTree.from_sequences(seqs, budget)
+
+
+class RepeatDrafter(Drafter):
+    """Proposes the last tokens again, as a model stuck in a loop would."""
+
+    name = "repeat"
+
+    def propose(self, context, budget):
+        return TokenTree.chain(context[-min(budget, 8) :])
+
+
+class EmptyDrafter(Drafter):
+    name = "empty"
