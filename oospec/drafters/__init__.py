@@ -7,10 +7,16 @@ from collections.abc import Callable
 from oospec.drafters.ar import AutoregressiveDrafter
 from oospec.drafters.base import Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
+from oospec.drafters.retrieval import RetrievalDrafter
+from oospec.drafters.schema import SchemaDrafter
+from oospec.drafters.toolspec import ToolSpecDrafter
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "ar": AutoregressiveDrafter,
     "pld": PromptLookupDrafter,
+    "schema": SchemaDrafter,
+    "retrieval": RetrievalDrafter,
+    "toolspec": ToolSpecDrafter,
 }
 
 

@@ -9,16 +9,16 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from oospec.drafters.base import Drafter, Request
-from oospec.engine.tree import TokenTree
+from oospec.drafters.base import Candidate, Drafter, Request
 
 
 def lookup_continuations(
     context: np.ndarray, max_ngram: int, min_ngram: int, draft_len: int, max_branches: int
-) -> list[np.ndarray]:
-    """Continuations of the most recent earlier occurrences of the context's suffix, longest n-gram first."""
+) -> list[tuple[np.ndarray, int]]:
+    """(continuation, matched n-gram length) after the most recent earlier occurrences of the context's
+    suffix, longest n-gram first."""
     n_ctx = context.size
-    found: list[np.ndarray] = []
+    found: list[tuple[np.ndarray, int]] = []
     seen: set[bytes] = set()
     for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
         suffix = context[n_ctx - n :]
@@ -31,7 +31,7 @@ def lookup_continuations(
             if key in seen:
                 continue
             seen.add(key)
-            found.append(cont)
+            found.append((cont, n))
             if len(found) >= max_branches:
                 return found
     return found
@@ -50,9 +50,11 @@ class PromptLookupDrafter(Drafter):
     def start(self, request: Request) -> None:
         self._eos = np.fromiter(request.eos_ids, dtype=np.int64)
 
-    def propose(self, context: np.ndarray, budget: int) -> TokenTree:
-        conts = lookup_continuations(context, self.max_ngram, self.min_ngram, self.draft_len, self.max_branches)
-        return TokenTree.from_sequences((cut_at_eos(c, self._eos) for c in conts), budget)
+    def candidates(self, context: np.ndarray) -> list[Candidate]:
+        found = lookup_continuations(context, self.max_ngram, self.min_ngram, self.draft_len, self.max_branches)
+        # Longer matched n-grams come first and are more trustworthy; later branches are fallbacks.
+        return [Candidate(cut_at_eos(c, self._eos), min(0.8, 0.15 + 0.15 * n) / (1 + i), 0.85)
+                for i, (c, n) in enumerate(found)]
 
 
 def cut_at_eos(draft: np.ndarray, eos: np.ndarray) -> np.ndarray:

@@ -1,0 +1,97 @@
+"""`schema`: draft the structure of a tool call that the schema and the dialect leave (almost) no choice about.
+
+Braces, quotes, `"name"`, the arguments key and the key names in schema order cost a forward pass each in
+plain decoding, yet are known in advance. Where a few continuations are legal (which tool, which key next)
+each becomes a branch of the token tree. Values are left to the value drafters.
+"""
+
+from __future__ import annotations
+
+import codecs
+
+import numpy as np
+
+from oospec.drafters.base import Candidate, Drafter, Request
+from oospec.tools.callscan import CallScanner, Continuation, Habits, structure_continuations
+from oospec.tools.schema import Tool, tools_from_openai
+from oospec.tools.tokens import ContinuationEncoder, TokenBytes
+
+DIALECT_ARGS_KEY = {"hermes": "arguments", "apibank": "parameters", "llama3_json": "parameters"}
+DIALECT_OPENERS = {
+    "hermes": ("<tool_call>\n",),
+    "apibank": ("<tool_call>\n", "```json\n", ""),
+    "llama3_json": ("",),
+}
+
+
+def as_tools(tools) -> list[Tool]:
+    if not tools:
+        return []
+    if all(isinstance(t, Tool) for t in tools):
+        return list(tools)
+    return tools_from_openai(tools)
+
+
+class SchemaDrafter(Drafter):
+    name = "schema"
+
+    def __init__(self, max_tokens: int = 32):
+        self.max_tokens = max_tokens
+        self.habits = Habits()  # survives requests: the target's habits are the same next time
+        self._encoders: dict[int, ContinuationEncoder] = {}
+        self.scanner: CallScanner | None = None
+
+    def start(self, request: Request) -> None:
+        self.tools = as_tools(request.tools)
+        dialect = request.dialect or "hermes"
+        self.default_args_key = DIALECT_ARGS_KEY.get(dialect, "arguments")
+        self.default_openers = DIALECT_OPENERS.get(dialect, ("",))
+        self.eos_ids = request.eos_ids
+        tok = request.tokenizer
+        self.active = bool(self.tools) and tok is not None and dialect in DIALECT_ARGS_KEY
+        if not self.active:
+            return
+        encoder = self._encoders.get(id(tok))
+        if encoder is None:
+            encoder = self._encoders[id(tok)] = ContinuationEncoder(tok, TokenBytes(tok))
+        self.encoder = encoder
+        self.scanner = CallScanner(self.habits.style)
+        self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def observe(self, produced: np.ndarray) -> None:
+        if not self.active:
+            return
+        for tok in produced.tolist():
+            if tok in self.eos_ids:
+                self._learn_from_finished(tok)
+                continue
+            self.scanner.feed(self.utf8.decode(self.encoder.token_bytes(tok)))
+
+    def _learn_from_finished(self, eos_id: int) -> None:
+        scan = self.scanner
+        if scan.calls_done == 0:
+            return
+        self.habits.eos_id = eos_id
+        if scan.opener is not None:
+            self.habits.remember(self.habits.openers, scan.opener)
+        self.habits.remember(self.habits.closers, scan.outside)
+        if scan.args_key:
+            self.habits.args_key = scan.args_key
+
+    def continuations(self) -> list[Continuation]:
+        if not self.active:
+            return []
+        return structure_continuations(self.scanner, self.tools, self.habits, self.default_args_key,
+                                       self.default_openers)
+
+    def candidates(self, context: np.ndarray) -> list[Candidate]:
+        out = []
+        eos = self.habits.eos_id if self.habits.eos_id is not None else min(self.eos_ids, default=None)
+        for cont in self.continuations():
+            ids = self.encoder.continue_after(context, cont.text)[: self.max_tokens]
+            if cont.end_of_turn and eos is not None and ids.size < self.max_tokens:
+                ids = np.append(ids, eos)
+            if ids.size:
+                # Forced structure: once its first token is right, the rest nearly always is.
+                out.append(Candidate(ids, cont.confidence, 0.97))
+        return out

@@ -1,0 +1,49 @@
+"""`toolspec`: schema structure, retrieval of past calls and prompt lookup, merged into one token tree.
+
+Each part proposes candidates with a rough acceptance model; the merged trie keeps the nodes most likely to
+be accepted, as many as the cost curve says are worth verifying this step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from oospec.drafters.base import Drafter, Request
+from oospec.drafters.pld import PromptLookupDrafter
+from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
+from oospec.drafters.schema import SchemaDrafter
+from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel, build_tree
+from oospec.engine.tree import TokenTree
+
+
+class MergedDrafter(Drafter):
+    """Several drafters proposing into one tree under a cost-aware budget."""
+
+    name = "merged"
+
+    def __init__(self, parts: list[Drafter], cost: CostModel | None = None):
+        self.parts = parts
+        self.cost = cost if cost is not None else CostModel.from_curve(DEFAULT_CPU_CURVE)
+
+    def start(self, request: Request) -> None:
+        for part in self.parts:
+            part.start(request)
+
+    def propose(self, context: np.ndarray, budget: int) -> TokenTree:
+        candidates = [c for part in self.parts for c in part.candidates(context)]
+        return build_tree(candidates, budget, self.cost)
+
+    def observe(self, produced: np.ndarray) -> None:
+        for part in self.parts:
+            part.observe(produced)
+
+    def finish(self) -> None:
+        for part in self.parts:
+            part.finish()
+
+
+class ToolSpecDrafter(MergedDrafter):
+    name = "toolspec"
+
+    def __init__(self, memory: CallMemory | None = None, cost: CostModel | None = None):
+        super().__init__([SchemaDrafter(), RetrievalDrafter(memory), PromptLookupDrafter()], cost)

@@ -1,0 +1,95 @@
+"""How many draft tokens to verify per step: the tree that maximises expected tokens per second.
+
+A verification forward over k tokens costs c(k) (the measured cost curve). A tree whose nodes would be
+accepted with probabilities w_1 >= w_2 >= ... yields 1 + sum(w) tokens in expectation, so each step keeps
+the n best nodes with the largest (1 + w_1 + ... + w_n) / c(n + 1). On a GPU c(k) is flat and trees grow
+wide; on this CPU a 64-token forward costs several single-token ones and trees stay small and sure.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from oospec.drafters.base import Candidate
+from oospec.engine.tree import ROOT, TokenTree
+
+# c(k)/c(1) measured with `oospec bench cost-curve` (Qwen2.5-Coder-1.5B, float32, 2 AVX2 cores, optimised
+# kernels). Replace with a curve measured on the serving hardware via CostModel.from_json.
+DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.25, 4: 1.5, 8: 1.8, 16: 2.4, 32: 3.6, 64: 6.0}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    ks: np.ndarray  # (m,) tokens per forward, increasing
+    ratios: np.ndarray  # (m,) c(k)/c(1)
+
+    @classmethod
+    def from_curve(cls, curve: dict) -> CostModel:
+        items = sorted((int(k), float(v)) for k, v in curve.items())
+        return cls(np.array([k for k, _ in items], dtype=np.float64), np.array([v for _, v in items]))
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> CostModel:
+        """A file written by `oospec bench cost-curve --out`."""
+        return cls.from_curve(json.loads(Path(path).read_text())["ratio"])
+
+    @classmethod
+    def flat(cls) -> CostModel:
+        """Verification is free up to the budget (an idealised accelerator)."""
+        return cls.from_curve({1: 1.0, 4096: 1.0})
+
+    def cost(self, k: np.ndarray | int) -> np.ndarray:
+        """c(k)/c(1), interpolated linearly, extrapolated with the last slope."""
+        k = np.asarray(k, dtype=np.float64)
+        inside = np.interp(k, self.ks, self.ratios)
+        if self.ks.size > 1:
+            slope = (self.ratios[-1] - self.ratios[-2]) / (self.ks[-1] - self.ks[-2])
+            inside = np.where(k > self.ks[-1], self.ratios[-1] + slope * (k - self.ks[-1]), inside)
+        return inside
+
+
+def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None) -> TokenTree:
+    """Merge candidates into one trie, keep the nodes most likely to be accepted, as many as pay off."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    weights: list[float] = []
+    index: dict[tuple[int, int], int] = {}
+    for cand in candidates:
+        parent = ROOT
+        for tok, w in zip(cand.tokens.tolist(), cand.weights().tolist()):
+            node = index.get((parent, tok))
+            if node is None:
+                node = index[(parent, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+                weights.append(w)
+            elif w > weights[node]:
+                weights[node] = w
+            parent = node
+    if not tokens:
+        return TokenTree.empty()
+    w = np.asarray(weights)
+    # A child never outweighs its parent along one candidate, but a child seen in a stronger candidate can
+    # outweigh a parent shared with weaker ones: cap each weight by its parent's so ranking stays a tree.
+    par = np.asarray(parents)
+    for i in range(w.size):
+        if par[i] != ROOT and w[i] > w[par[i]]:
+            w[i] = w[par[i]]
+    order = np.lexsort((np.arange(w.size), -w))  # heaviest first, parents before children on ties
+    n_max = min(budget, w.size)
+    if cost is None:
+        n = n_max
+    else:
+        gain = 1.0 + np.concatenate([[0.0], np.cumsum(w[order[:n_max]])])
+        n = int(np.argmax(gain / cost.cost(np.arange(1, n_max + 2))))
+    keep = np.sort(order[:n])
+    remap = np.full(w.size, ROOT, dtype=np.int64)
+    remap[keep] = np.arange(keep.size)
+    kept_parents = par[keep]
+    new_parents = np.where(kept_parents == ROOT, ROOT, remap[np.maximum(kept_parents, 0)])
+    return TokenTree(np.asarray(tokens, dtype=np.int64)[keep], new_parents)

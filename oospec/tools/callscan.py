@@ -1,0 +1,366 @@
+"""Follow a JSON tool call as the target writes it, and say which text the schema forces next.
+
+`CallScanner` consumes the target's output text a character at a time (incrementally, never re-reading) and
+tracks where it is: outside a call, in the function name, in a key, in a value, between arguments.
+`structure_continuations` then lists the text that may come next when the schema leaves only a few
+choices (openers, `"name"`, tool names, the arguments key, key names in schema order, quotes, braces,
+closers), each with a confidence. Values are left to the value drafters (prompt lookup, retrieval,
+sidecar hints).
+
+Whitespace is learned, not assumed: the scanner records what the target writes after `{`, `,`, `:` and
+before `}` at each depth, so a target that pretty-prints gets pretty-printed drafts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from oospec.tools.schema import Param, Tool
+
+ARG_KEYS = ("arguments", "parameters")
+
+
+@dataclass
+class Style:
+    """Whitespace the target writes around JSON punctuation, by nesting depth (1: the call object)."""
+
+    after: dict[tuple[str, int], str] = field(default_factory=dict)  # (punctuation, depth) -> whitespace
+    before_close: dict[int, str] = field(default_factory=dict)
+
+    def ws(self, punct: str, depth: int) -> str:
+        default = " " if punct in ",:" else ""
+        return self.after.get((punct, depth), self.after.get((punct, 0), default))
+
+    def close(self, depth: int) -> str:
+        return self.before_close.get(depth, "")
+
+
+@dataclass
+class Habits:
+    """What this target tends to write around its calls, learned from finished requests."""
+
+    style: Style = field(default_factory=Style)
+    openers: list[str] = field(default_factory=list)  # text before the first call, most recent first
+    closers: list[str] = field(default_factory=list)  # text after the last call, before end-of-turn
+    args_key: str | None = None
+    eos_id: int | None = None
+
+    def remember(self, items: list[str], value: str, keep: int = 3) -> None:
+        if value in items:
+            items.remove(value)
+        items.insert(0, value)
+        del items[keep:]
+
+
+@dataclass
+class Frame:
+    role: str  # "call" (the call object), "args" (its arguments), "value" (anything nested in a value)
+    bracket: str  # "{" or "["
+    expect: str  # "key", "colon", "value" or "comma"
+    keys: list[str] = field(default_factory=list)
+
+
+class CallScanner:
+    def __init__(self, style: Style):
+        self.style = style
+        self.stack: list[Frame] = []
+        self.calls_done = 0
+        self.outside = ""  # text since the last call ended (or since the output began)
+        self.opener: str | None = None  # text before the first call
+        self.name: str | None = None  # function name of the call being written
+        self.args_key: str | None = None
+        self.in_string = False
+        self.escape = False
+        self.string_role = ""
+        self.buf: list[str] = []
+        self.scalar = ""
+        self.ws = ""
+        self.last_punct = ""
+
+    @property
+    def depth(self) -> int:
+        return len(self.stack)
+
+    def feed(self, text: str) -> None:
+        for ch in text:
+            self._feed_char(ch)
+
+    def _feed_char(self, ch: str) -> None:
+        if self.in_string:
+            if self.escape:
+                self.escape = False
+                self.buf.append(ch)
+            elif ch == "\\":
+                self.escape = True
+                self.buf.append(ch)
+            elif ch == '"':
+                self._end_string()
+            else:
+                self.buf.append(ch)
+            return
+        if not self.stack:
+            if ch == "{":
+                if self.calls_done == 0:
+                    self.opener = self.outside
+                self.outside = ""
+                self.stack.append(Frame("call", "{", "key"))
+                self.last_punct, self.ws = "{", ""
+            else:
+                self.outside += ch
+            return
+        if ch in " \t\r\n":
+            if self.scalar:
+                self._end_scalar()
+            self.ws += ch
+            return
+        frame = self.stack[-1]
+        # First visible character after whitespace: learn what this target writes there.
+        if ch in "}]":
+            self.style.before_close[self.depth] = self.ws
+        elif self.last_punct:
+            self.style.after[(self.last_punct, self.depth)] = self.ws
+        self.last_punct = ""
+        self.ws = ""
+        if self.scalar and ch in ",}]":
+            self._end_scalar()
+        if ch == '"':
+            if frame.expect == "key":
+                self.string_role = "key"
+            elif frame.expect == "value" and frame.role == "call" and frame.keys and frame.keys[-1] == "name":
+                self.string_role = "name"
+            else:
+                self.string_role = "value"
+            self.in_string, self.buf = True, []
+        elif ch == ":":
+            frame.expect = "value"
+            self.last_punct = ":"
+        elif ch == ",":
+            frame.expect = "key" if frame.bracket == "{" else "value"
+            self.last_punct = ","
+        elif ch in "{[":
+            is_args = frame.role == "call" and frame.keys and frame.keys[-1] in ARG_KEYS and ch == "{"
+            if is_args:
+                self.args_key = frame.keys[-1]
+            self.stack.append(Frame("args" if is_args else "value", ch, "key" if ch == "{" else "value"))
+            self.last_punct = "{" if ch == "{" else ""
+        elif ch in "}]":
+            self.stack.pop()
+            if self.stack:
+                self.stack[-1].expect = "comma"
+            else:
+                self.calls_done += 1
+                self.outside = ""
+        else:
+            self.scalar += ch
+
+    def _end_string(self) -> None:
+        self.in_string = False
+        frame = self.stack[-1]
+        text = "".join(self.buf)
+        if self.string_role == "key":
+            frame.keys.append(text)
+            frame.expect = "colon"
+        else:
+            if self.string_role == "name":
+                self.name = text
+            frame.expect = "comma"
+
+    def _end_scalar(self) -> None:
+        self.scalar = ""
+        self.stack[-1].expect = "comma"
+
+
+@dataclass(frozen=True)
+class Continuation:
+    text: str
+    confidence: float  # rough chance the target writes all of it
+    end_of_turn: bool = False  # the target's end-of-turn token follows the text
+
+
+def structure_continuations(
+    scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str]
+) -> list[Continuation]:
+    """The text the schema makes likely next, most likely first; [] where only values can follow."""
+    return _Renderer(scan, tools, habits, default_args_key, default_openers).continuations()
+
+
+class _Renderer:
+    def __init__(self, scan, tools, habits, default_args_key, default_openers):
+        self.scan, self.tools, self.habits = scan, tools, habits
+        self.style = habits.style
+        self.args_key = scan.args_key or habits.args_key or default_args_key
+        self.openers = habits.openers + [o for o in default_openers if o not in habits.openers]
+        self.by_name = {t.name: t for t in tools}
+
+    # -- text pieces -------------------------------------------------------------------------------------------
+    def value_open(self, param: Param | None) -> str:
+        if param is None:
+            return ""
+        return {"string": '"', "array": "[", "object": "{"}.get(param.type, "")
+
+    def key_value_open(self, param: Param, depth: int) -> str:
+        return f'"{param.name}":' + self.style.ws(":", depth) + self.value_open(param)
+
+    def call_close(self) -> str:
+        return self.style.close(2) + "}" + self.style.close(1) + "}"
+
+    def args_body(self, tool: Tool) -> str:
+        """From just after the arguments' `{`: the first key, or the closing braces if there are none."""
+        if tool.parameters:
+            return self.style.ws("{", 2) + self.key_value_open(tool.parameters[0], 2)
+        return self.call_close()
+
+    def after_name(self, tool: Tool) -> str:
+        return ("," + self.style.ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{"
+                + self.args_body(tool))
+
+    def call_start(self) -> str:
+        return "{" + self.style.ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"'
+
+    def closings(self, confidence: float) -> list[Continuation]:
+        """After the last brace: the target's usual closer and end of turn, if it has shown one."""
+        return [Continuation(closer, confidence * 0.8, True) for closer in self.habits.closers[:2]]
+
+    # -- states ------------------------------------------------------------------------------------------------
+    def continuations(self) -> list[Continuation]:
+        scan = self.scan
+        if not scan.stack:
+            return self.outside()
+        frame = scan.stack[-1]
+        if scan.in_string:
+            return self.in_string(frame)
+        if frame.role == "call":
+            return self.in_call(frame)
+        if frame.role == "args":
+            return self.in_args(frame)
+        return []
+
+    def outside(self) -> list[Continuation]:
+        written = self.scan.outside
+        out = []
+        if self.scan.calls_done == 0:
+            for opener in self.openers:
+                full = opener + self.call_start()
+                if full.startswith(written) and len(full) > len(written):
+                    conf = 0.9 if opener in self.habits.openers else 0.4
+                    out.append(Continuation(full[len(written) :], conf))
+                    out += [Continuation(full[len(written) :] + c.text, c.confidence * conf) for c in self.names("")]
+            return out
+        for closer in self.habits.closers[:2]:
+            if closer.startswith(written):
+                out.append(Continuation(closer[len(written) :], 0.8, True))
+        return out
+
+    def in_string(self, frame: Frame) -> list[Continuation]:
+        prefix = "".join(self.scan.buf)
+        role = self.scan.string_role
+        if role == "name":
+            return self.names(prefix)
+        if role == "key" and frame.role == "call":
+            keys = ["name"] if not frame.keys else [self.args_key]
+            return [Continuation(k[len(prefix) :] + '":' + self.style.ws(":", 1) + ("" if k != "name" else '"'), 0.9)
+                    for k in keys if k.startswith(prefix)]
+        tool = self.by_name.get(self.scan.name or "")
+        if tool is None or frame.role != "args":
+            return []
+        if role == "key":
+            remaining = [p for p in tool.parameters if p.name not in frame.keys and p.name.startswith(prefix)]
+            return [Continuation(p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.value_open(p),
+                                 0.9 if i == 0 else 0.3) for i, p in enumerate(remaining)]
+        param = self.param(tool, frame.keys[-1] if frame.keys else "")
+        if param is not None and param.enum:
+            options = [str(v) for v in param.enum if isinstance(v, str) and str(v).startswith(prefix)]
+            return [Continuation(v[len(prefix) :] + '"', 0.6) for v in options]
+        if prefix:  # guess the value ends here: cheap as a side branch, right whenever the next token is `"`
+            return [Continuation('"' + nxt.text, 0.25 * nxt.confidence, nxt.end_of_turn)
+                    for nxt in self.after_value(tool, frame, "")[:2]]
+        return []
+
+    def names(self, prefix: str) -> list[Continuation]:
+        """The rest of each tool name that starts with `prefix`, through to the first argument's key."""
+        names = [t for t in self.tools if t.name.startswith(prefix)]
+        conf = 0.9 / max(1, len(names)) ** 0.5
+        return [Continuation(t.name[len(prefix) :] + '"' + self.after_name(t), conf) for t in names]
+
+    def in_call(self, frame: Frame) -> list[Continuation]:
+        scan = self.scan
+        if frame.expect == "key":
+            if not frame.keys:
+                return [Continuation(self.pending_ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"', 0.9)]
+            return [Continuation(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{", 0.9)]
+        if frame.expect == "colon":
+            key = frame.keys[-1] if frame.keys else ""
+            return [Continuation(":" + self.style.ws(":", 1) + ('"' if key == "name" else "{"), 0.9)]
+        if frame.expect == "value":
+            key = frame.keys[-1] if frame.keys else ""
+            if key == "name":
+                ws = self.pending_ws(":", 1) + '"'
+                return [Continuation(ws, 0.9)] + [Continuation(ws + c.text, c.confidence) for c in self.names("")]
+            tool = self.by_name.get(scan.name or "")
+            if key in ARG_KEYS and tool is not None:
+                return [Continuation(self.pending_ws(":", 1) + "{" + self.args_body(tool), 0.9)]
+            return []
+        # expect == "comma": after the name, or after the arguments object
+        tool = self.by_name.get(scan.name or "")
+        if frame.keys and frame.keys[-1] == "name" and tool is not None:
+            return [Continuation(self.after_name(tool), 0.9)]
+        if frame.keys and frame.keys[-1] in ARG_KEYS:
+            close = self.pending_close(1) + "}"
+            return [Continuation(close, 0.9)] + [Continuation(close + c.text, c.confidence, True)
+                                                 for c in self.closings(0.9)]
+        return []
+
+    def in_args(self, frame: Frame) -> list[Continuation]:
+        tool = self.by_name.get(self.scan.name or "")
+        if tool is None:
+            return []
+        if frame.expect == "key":
+            remaining = [p for p in tool.parameters if p.name not in frame.keys]
+            ws = self.pending_ws("{" if not frame.keys else ",", 2)
+            return [Continuation(ws + self.key_value_open(p, 2), 0.9 if i == 0 else 0.3)
+                    for i, p in enumerate(remaining[:3])]
+        if frame.expect == "colon":
+            param = self.param(tool, frame.keys[-1] if frame.keys else "")
+            return [Continuation(":" + self.style.ws(":", 2) + self.value_open(param), 0.9)]
+        if frame.expect == "value":
+            param = self.param(tool, frame.keys[-1] if frame.keys else "")
+            if self.scan.scalar:
+                if param is not None and param.type == "boolean":
+                    return [Continuation(word[len(self.scan.scalar) :], 0.9) for word in ("true", "false")
+                            if word.startswith(self.scan.scalar) and word != self.scan.scalar]
+                return [Continuation(c.text, 0.2 * c.confidence, c.end_of_turn)
+                        for c in self.after_value(tool, frame, "")[:2]]
+            opener = self.value_open(param)
+            if param is not None and param.type == "boolean":
+                return [Continuation(self.pending_ws(":", 2) + w, 0.45) for w in ("true", "false")]
+            return [Continuation(self.pending_ws(":", 2) + opener, 0.9)] if opener else []
+        return self.after_value(tool, frame, self.scan.ws)
+
+    def after_value(self, tool: Tool, frame: Frame, written_ws: str) -> list[Continuation]:
+        """After an argument's value: the next key in schema order, or the end of the call."""
+        remaining = [p for p in tool.parameters if p.name not in frame.keys]
+        required_left = any(p.name in tool.required for p in remaining)
+        nexts = [Continuation("," + self.style.ws(",", 2) + self.key_value_open(p, 2), 0.8 if i == 0 else 0.25)
+                 for i, p in enumerate(remaining[:2])]
+        close_text = self.call_close()
+        close_text = close_text[len(written_ws) :] if close_text.startswith(written_ws) else close_text
+        close = [Continuation(close_text, 0.85)] + [Continuation(close_text + c.text, c.confidence, True)
+                                                    for c in self.closings(0.85)]
+        if not remaining:
+            return close
+        return nexts + close if required_left or not tool.required else nexts[:1] + close + nexts[1:]
+
+    # -- helpers -----------------------------------------------------------------------------------------------
+    def pending_ws(self, punct: str, depth: int) -> str:
+        """The learned whitespace after `punct`, less what the target has already written of it."""
+        want, have = self.style.ws(punct, depth), self.scan.ws
+        return want[len(have) :] if want.startswith(have) else ""
+
+    def pending_close(self, depth: int) -> str:
+        want, have = self.style.close(depth), self.scan.ws
+        return want[len(have) :] if want.startswith(have) else ""
+
+    @staticmethod
+    def param(tool: Tool, name: str) -> Param | None:
+        return next((p for p in tool.parameters if p.name == name), None)
