@@ -105,8 +105,16 @@ class Engine:
         method: str | Drafter = "pld",
         max_new_tokens: int = 256,
         budget: int | None = None,
+        tool_schemas: list | None = None,
+        dialect: str | None = None,
         request_meta: dict | None = None,
     ) -> Result:
+        """Greedy reply to `messages` (or to ready `prompt_ids`).
+
+        tools: OpenAI-style tools passed to the chat template. tool_schemas: the tools as drafters should see
+        them (oospec.tools.schema.Tool), for prompts that describe tools in prose; defaults to `tools`.
+        dialect: how the target writes calls (see oospec.tools.dialects); default hermes when tools are given.
+        """
         if prompt_ids is None:
             if messages is None:
                 raise InvalidMessagesError("give either messages or prompt_ids")
@@ -124,7 +132,8 @@ class Engine:
             eos_ids=self.eos_ids,
             tokenizer=self.tokenizer,
             messages=messages,
-            tools=tools,
+            tools=tool_schemas if tool_schemas is not None else tools,
+            dialect=dialect,
             meta=request_meta or {},
         )
         gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget)

@@ -1,0 +1,83 @@
+"""Bad input reaches the user as one clear line and exit code 2, never a traceback from inside torch."""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import tiny_model
+
+from oospec.cli import main
+from oospec.engine.engine import Engine, validate_messages
+from oospec.errors import ContextLengthError, InvalidMessagesError
+
+
+def run_cli(argv, capsys):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_unknown_model_name(tmp_path, capsys):
+    msgs = tmp_path / "m.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    code, _, err = run_cli(["generate", "--model", "no-such-model-xyz", "--messages", str(msgs)], capsys)
+    assert code == 2
+    assert "no-such-model-xyz" in err and "Traceback" not in err
+
+
+def test_corrupt_weights(tmp_path, capsys):
+    folder = tmp_path / "broken"
+    tiny_model("qwen2").save_pretrained(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    msgs = tmp_path / "m.json"
+    msgs.write_text(json.dumps([{"role": "user", "content": "hi"}]))
+    code, _, err = run_cli(["generate", "--model", str(folder), "--messages", str(msgs)], capsys)
+    assert code == 2
+    assert "model.safetensors" in err or "corrupt" in err.lower() or "truncated" in err.lower()
+
+
+def test_messages_file_not_json(tmp_path, capsys):
+    msgs = tmp_path / "m.json"
+    msgs.write_text("{not json")
+    code, _, err = run_cli(["generate", "--model", "smollm2-135m", "--messages", str(msgs)], capsys)
+    assert code == 2 and "not valid JSON" in err
+
+
+@pytest.mark.parametrize(
+    "messages",
+    [
+        [],
+        {"role": "user", "content": "hi"},
+        ["hello"],
+        [{"role": "robot", "content": "hi"}],
+        [{"role": "user"}],
+        [{"role": "user", "content": 42}],
+    ],
+)
+def test_invalid_messages(messages):
+    with pytest.raises(InvalidMessagesError):
+        validate_messages(messages)
+
+
+class FakeTokenizer:
+    eos_token_id = None
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def test_prompt_longer_than_context():
+    model = tiny_model("llama")
+    engine = Engine(model, FakeTokenizer())
+    too_long = np.arange(model.config.max_position_embeddings + 5) % 300
+    with pytest.raises(ContextLengthError, match="context"):
+        engine.generate(prompt_ids=too_long, method="ar", max_new_tokens=4)
+
+
+def test_max_new_tokens_capped_by_context():
+    model = tiny_model("llama")
+    engine = Engine(model, FakeTokenizer())
+    prompt = np.arange(model.config.max_position_embeddings - 3) % 300
+    out = engine.generate(prompt_ids=prompt, method="pld", max_new_tokens=50)
+    assert out.stats.new_tokens == 3
