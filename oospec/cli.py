@@ -109,6 +109,25 @@ def cmd_bench_cost_curve(args) -> None:
         print(f"written to {args.out}")
 
 
+def cmd_bench_run(args) -> None:
+    from oospec.bench.run import BenchConfig, invoked_command, run_benchmark
+
+    run_benchmark(BenchConfig(
+        datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
+        methods=args.methods, target=args.target, split=args.split, data=args.data or [], limit=args.limit,
+        max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
+        assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
+        warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
+    ))
+
+
+def cmd_demo(args) -> None:
+    from oospec.demo import run_demo
+
+    if not run_demo(args.model, args.method, args.sample, args.warmup, args.max_new_tokens, args.threads):
+        raise OospecError("the speculative output differed from greedy decoding: please report this as a bug")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oospec", description="Lossless speculative decoding for tool calls.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,6 +151,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_runtime_options(p)
     p.set_defaults(func=cmd_generate)
 
+    p = sub.add_parser("demo", help="one API-Bank tool call: greedy decoding vs oospec, side by side")
+    p.add_argument("--model", default=DEFAULT_TARGET)
+    p.add_argument("--method", default="toolspec")
+    p.add_argument("--sample", type=int, default=1, help="index of the API-Bank level-1 item")
+    p.add_argument("--warmup", type=int, default=2, help="earlier calls of the session the drafter has seen")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_demo)
+
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
     p = bench.add_parser("cost-curve", help="time one target forward verifying k tokens on a cached prompt")
     p.add_argument("--model", default=DEFAULT_TARGET)
@@ -144,6 +172,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the curve as JSON here")
     _add_runtime_options(p)
     p.set_defaults(func=cmd_bench_cost_curve)
+
+    p = bench.add_parser("run", help="speed, identical-output rate and accuracy of decoding methods on benchmarks")
+    p.add_argument("--dataset", help="apibank, bfcl, toolalpaca, name:split or a file; comma list for several")
+    p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
+    p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
+    p.add_argument("--methods", default="ar,pld,toolspec,hf-pld,oracle",
+                   help="comma list: ar, pld, toolspec, ... (any drafter), oracle, hf-pld, hf-assisted; ar always runs")
+    p.add_argument("--target", default=DEFAULT_TARGET, help="known model name or local Hugging Face folder")
+    p.add_argument("--assistant", default="qwen2.5-coder-0.5b", help="assistant model for hf-assisted")
+    p.add_argument("--limit", type=int, default=None, help="first N samples of each dataset")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--budget", type=int, default=16, help="most draft tokens verified per forward")
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_runtime_options(p)
+    p.set_defaults(func=cmd_bench_run)
     return parser
 
 

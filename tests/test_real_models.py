@@ -43,6 +43,21 @@ def test_smollm2_all_drafters_match_greedy(smol):
     check_engine(smol, CHATS, max_new=48)
 
 
+def test_smollm2_tool_drafters_on_apibank_match_greedy(smol):
+    """Schema, retrieval and toolspec drafting on real tool-call prompts, drafters reused across requests
+    (habits and memory carry over, as in an agent session)."""
+    from oospec.bench.datasets import load_dataset
+
+    drafters = [make_drafter(m) for m in ("schema", "retrieval", "toolspec")]
+    for sample in load_dataset("apibank", split="1", limit=4):
+        prompt = smol.encode(sample.messages, sample.chat_tools())
+        reference = greedy_reference(smol.model, prompt, 64, eos_ids=smol.eos_ids)
+        for drafter in drafters:
+            out = smol.generate(prompt_ids=prompt, method=drafter, max_new_tokens=64, budget=16,
+                                tool_schemas=sample.tools, dialect=sample.dialect)
+            assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on {sample.id}"
+
+
 def test_smollm2_text_is_sensible(smol):
     out = smol.generate(CHATS[0], method="pld", max_new_tokens=24)
     assert "4" in out.text
