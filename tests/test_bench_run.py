@@ -1,0 +1,131 @@
+"""`oospec bench run` end to end on a tiny random model with SmolLM2's tokenizer (fast, CPU)."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from oospec.bench import run as bench_run
+from oospec.bench.run import BenchConfig, BenchError, ForwardCounter, first_difference, parse_methods
+from oospec.errors import OospecError
+
+TOKENIZER_MODEL = "smollm2-135m"
+
+
+def _cached_tokenizer():
+    from oospec.models.provision import is_complete, model_dir
+
+    if not is_complete(TOKENIZER_MODEL):  # never download inside the fast suite
+        pytest.skip(f"{TOKENIZER_MODEL} is not cached (oospec models pull {TOKENIZER_MODEL})")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir(TOKENIZER_MODEL)))
+
+
+def _tiny_llama(vocab: int, seed: int, layers: int = 2):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=8192,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=2, initializer_range=0.3)
+    return LlamaForCausalLM(cfg).eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def tiny_engine():
+    from oospec.engine.engine import Engine
+
+    tok = _cached_tokenizer()
+    return Engine(_tiny_llama(len(tok), seed=0, layers=1), tok)
+
+
+@pytest.fixture(scope="module")
+def bench_result(tiny_engine, tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench")
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "pld", "toolspec", "oracle", "hf-pld", "hf-assisted"],
+                      target="tiny-random", limit=2, max_new_tokens=30, budget=8, out=out, progress=False,
+                      echo=False)
+    assistant = _tiny_llama(len(tiny_engine.tokenizer), seed=1, layers=1)
+    return bench_run.run_benchmark(cfg, engine=tiny_engine, assistant_model=assistant)
+
+
+def test_files_and_summary(bench_result):
+    out = bench_result["out"]
+    for name in ("samples.jsonl", "report.md", "summary.json", "speedup.png", "run.json"):
+        assert (out / name).is_file(), name
+    summary = json.loads((out / "summary.json").read_text())
+    assert list(summary) == ["apibank"]
+    methods = ["ar", "pld", "toolspec", "oracle", "hf-pld", "hf-assisted"]
+    assert list(summary["apibank"]) == methods
+    for m in methods:
+        row = summary["apibank"][m]
+        assert {"n", "tau", "decode_speedup", "e2e_speedup", "oracle_fraction", "identical_rate",
+                "accuracy"} <= set(row)
+        assert row["n"] == 2
+    rows = summary["apibank"]
+    for m in ("ar", "pld", "toolspec", "oracle"):
+        assert rows[m]["identical_rate"] == 1.0, m
+    assert rows["ar"]["tau"] == pytest.approx(1.0)
+    assert rows["ar"]["decode_speedup"] == pytest.approx(1.0)
+    assert rows["oracle"]["tau"] >= rows["toolspec"]["tau"] >= 1.0
+    # 30 tokens, chains of 8 accepted + 1 bonus per forward after the prefill: 1 + ceil(29 / 9) = 5 forwards.
+    assert rows["oracle"]["tau"] == pytest.approx(30 / 5)
+    assert rows["oracle"]["oracle_fraction"] in (None, pytest.approx(1.0))
+
+
+def test_samples_jsonl(bench_result):
+    lines = [json.loads(line) for line in (bench_result["out"] / "samples.jsonl").read_text().splitlines()]
+    assert len(lines) == 2 * 6
+    assert [r["method"] for r in lines[:6]] == ["ar", "pld", "toolspec", "oracle", "hf-pld", "hf-assisted"]
+    keys = {"dataset", "sample_id", "method", "new_tokens", "target_forwards", "tau", "accepted_per_step",
+            "prefill_s", "decode_s", "e2e_s", "draft_s", "identical", "accurate", "text"}
+    for r in lines:
+        assert keys <= set(r)
+        assert 1 <= r["target_forwards"] <= r["new_tokens"] or r["new_tokens"] == 1
+        assert r["e2e_s"] > 0 and r["decode_s"] >= 0
+        assert r["accurate"] in (True, False)
+    by = {(r["sample_id"], r["method"]): r for r in lines}
+    for sid in {r["sample_id"] for r in lines}:
+        assert by[(sid, "ar")]["target_forwards"] == by[(sid, "ar")]["new_tokens"]
+        assert by[(sid, "oracle")]["text"] == by[(sid, "ar")]["text"]
+        # The hook counts the target's forwards only: the assistant's draft forwards are not in there.
+        assert by[(sid, "hf-assisted")]["target_forwards"] <= by[(sid, "hf-assisted")]["new_tokens"]
+
+
+def test_report_table(bench_result):
+    report = (bench_result["out"] / "report.md").read_text()
+    assert "| method | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction" in report
+    assert "## apibank" in report and "| oracle | 2 |" in report and "| toolspec | 2 |" in report
+    assert "torch threads" in report and "command:" in report and "float32" in report
+
+
+def test_forward_counter_counts_hf_greedy_steps():
+    model = _tiny_llama(300, seed=3)
+    ids = torch.randint(3, 300, (1, 12))
+    with ForwardCounter(model) as c:
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=7,
+                             eos_token_id=[299], pad_token_id=2, min_new_tokens=7)
+    assert out.shape[1] - 12 == 7 and c.count == 7
+
+
+def test_errors_and_helpers():
+    with pytest.raises(BenchError, match="unknown method"):
+        parse_methods("ar,warp-drive")
+    assert parse_methods("pld,oracle") == ["ar", "pld", "oracle"]  # ar always runs first
+    assert issubclass(BenchError, OospecError)
+    with pytest.raises(OospecError, match="unknown dataset"):
+        bench_run.load_datasets(BenchConfig(datasets=["nosuchbench"], limit=1))
+    with pytest.raises(BenchError, match="no dataset"):
+        bench_run.load_datasets(BenchConfig(datasets=[]))
+    assert first_difference(np.array([1, 2, 3]), np.array([1, 2, 3])) is None
+    assert first_difference(np.array([1, 2, 3]), np.array([1, 5, 3])) == 1
+    assert first_difference(np.array([1, 2, 3]), np.array([1, 2])) == 2
+
+
+def test_cli_rejects_unknown_method(capsys):
+    from oospec.cli import main
+
+    assert main(["bench", "run", "--dataset", "apibank", "--methods", "ar,nope", "--limit", "1"]) == 2
+    assert "unknown method" in capsys.readouterr().err
