@@ -18,9 +18,10 @@ import numpy as np
 from oospec.drafters.base import Candidate
 from oospec.engine.tree import ROOT, TokenTree
 
-# c(k)/c(1) measured with `oospec bench cost-curve` (Qwen2.5-Coder-1.5B, float32, 2 AVX2 cores, optimised
-# kernels). Replace with a curve measured on the serving hardware via CostModel.from_json.
-DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.25, 4: 1.5, 8: 1.8, 16: 2.4, 32: 3.6, 64: 6.0}
+# c(k)/c(1) of Qwen2.5-Coder-1.5B, float32, 2 AVX2 cores, optimised kernels, 580-token cached prompt, as
+# measured by `python -m oospec.bench.kernel_study` (oospec/bench/cost_curve_study.md). Serving hardware
+# should use its own curve: `oospec bench cost-curve --out curve.json`, then CostModel.from_json.
+DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.14, 16: 1.33, 32: 2.38, 64: 4.06}
 
 
 @dataclass(frozen=True)
