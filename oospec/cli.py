@@ -62,7 +62,15 @@ def cmd_generate(args) -> None:
     messages = _load_json(args.messages, "messages")
     tools = _load_json(args.tools, "tools") if args.tools else None
     engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
-    result = engine.generate(messages, tools=tools, method=args.method, max_new_tokens=args.max_new_tokens,
+    method = args.method
+    if args.memory:
+        from oospec.drafters import make_drafter
+        from oospec.drafters.retrieval import CallMemory
+
+        if args.method not in ("retrieval", "toolspec"):
+            raise OospecError("--memory needs --method retrieval or toolspec")
+        method = make_drafter(args.method, memory=CallMemory(args.memory))
+    result = engine.generate(messages, tools=tools, method=method, max_new_tokens=args.max_new_tokens,
                              budget=args.budget)
     stats = result.stats
     if args.json:
@@ -148,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--budget", type=int, default=None, help="most draft tokens verified per forward")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
+    p.add_argument("--memory", help="JSONL store of past calls that retrieval reads and appends to, across runs")
     _add_runtime_options(p)
     p.set_defaults(func=cmd_generate)
 

@@ -12,7 +12,7 @@ import codecs
 import numpy as np
 
 from oospec.drafters.base import Candidate, Drafter, Request
-from oospec.tools.callscan import CallScanner, Continuation, Habits, structure_continuations
+from oospec.tools.callscan import CallScanner, Continuation, Habits, ValueSource, structure_continuations
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes
 
@@ -56,6 +56,9 @@ class SchemaDrafter(Drafter):
             encoder = self._encoders[id(tok)] = ContinuationEncoder(tok, TokenBytes(tok))
         self.encoder = encoder
         self.scanner = CallScanner(self.habits.style)
+        # Values are copied from what the user said, not from the system prompt (tool docs, examples).
+        self.values = ValueSource("\n".join(m["content"] for m in request.messages or ()
+                                             if m.get("role") != "system" and isinstance(m.get("content"), str)))
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def observe(self, produced: np.ndarray) -> None:
@@ -82,7 +85,7 @@ class SchemaDrafter(Drafter):
         if not self.active:
             return []
         return structure_continuations(self.scanner, self.tools, self.habits, self.default_args_key,
-                                       self.default_openers)
+                                       self.default_openers, self.values)
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
         out = []

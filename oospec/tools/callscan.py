@@ -13,6 +13,7 @@ before `}` at each depth, so a target that pretty-prints gets pretty-printed dra
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -178,15 +179,53 @@ class Continuation:
     end_of_turn: bool = False  # the target's end-of-turn token follows the text
 
 
+class ValueSource:
+    """Argument values are often copied from the request (ids, names, places): once a value has begun, the
+    spans of the request text that start the same way are likely endings."""
+
+    _STRONG_STOP = re.compile(r"[,;?!()\[\]{}<>\"\n]")
+    _TRAILING = ".,;:?!)\"' "
+
+    def __init__(self, text: str, max_spans: int = 4, max_words: int = 3):
+        self.text = text
+        self.max_spans = max_spans
+        self.max_words = max_words
+
+    def endings(self, prefix: str) -> list[str]:
+        """Rests of request spans that begin with `prefix` at a word start, latest mention first, ending after
+        one, two or three words (never across strong punctuation)."""
+        if not prefix or not self.text:
+            return []
+        found: list[tuple[int, str]] = []  # (0 if the prefix ends mid-word, else 1; ending)
+        start = self.text.rfind(prefix)
+        while start >= 0 and len(found) < 4 * self.max_spans:
+            if start == 0 or not self.text[start - 1].isalnum():
+                rest = self.text[start + len(prefix) : start + len(prefix) + 120]
+                stop = self._STRONG_STOP.search(rest)
+                rest = rest[: stop.start()] if stop else rest
+                rank = 1 if rest[:1].isspace() else 0
+                for i, word in enumerate(re.finditer(r"\S+", rest)):
+                    if i >= self.max_words:
+                        break
+                    end = rest[: word.end()].rstrip(self._TRAILING)
+                    if end and all(end != e for _, e in found):
+                        found.append((rank, end))
+            start = self.text.rfind(prefix, 0, start) if start > 0 else -1
+        found.sort(key=lambda x: x[0])  # stable: latest mention first within a rank
+        return [e for _, e in found[: self.max_spans]]
+
+
 def structure_continuations(
-    scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str]
+    scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str],
+    values: ValueSource | None = None,
 ) -> list[Continuation]:
     """The text the schema makes likely next, most likely first; [] where only values can follow."""
-    return _Renderer(scan, tools, habits, default_args_key, default_openers).continuations()
+    return _Renderer(scan, tools, habits, default_args_key, default_openers, values).continuations()
 
 
 class _Renderer:
-    def __init__(self, scan, tools, habits, default_args_key, default_openers):
+    def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None):
+        self.values = values
         self.scan, self.tools, self.habits = scan, tools, habits
         self.style = habits.style
         self.args_key = scan.args_key or habits.args_key or default_args_key
@@ -272,10 +311,17 @@ class _Renderer:
         if param is not None and param.enum:
             options = [str(v) for v in param.enum if isinstance(v, str) and str(v).startswith(prefix)]
             return [Continuation(v[len(prefix) :] + '"', 0.6) for v in options]
-        if prefix:  # guess the value ends here: cheap as a side branch, right whenever the next token is `"`
-            return [Continuation('"' + nxt.text, 0.25 * nxt.confidence, nxt.end_of_turn)
-                    for nxt in self.after_value(tool, frame, "")[:2]]
-        return []
+        if not prefix:
+            return []
+        nexts = self.after_value(tool, frame, "")[:2]
+        out = []
+        for i, rest in enumerate(self.values.endings(prefix) if self.values else ()):
+            if rest:
+                conf = 0.5 / (1 + i)
+                out += [Continuation(rest + '"' + nxt.text, conf * nxt.confidence, nxt.end_of_turn) for nxt in nexts[:1]]
+        # The value may also end right here: cheap as a side branch, right whenever the next token is `"`.
+        out += [Continuation('"' + nxt.text, 0.25 * nxt.confidence, nxt.end_of_turn) for nxt in nexts]
+        return out
 
     def names(self, prefix: str) -> list[Continuation]:
         """The rest of each tool name that starts with `prefix`, through to the first argument's key."""
