@@ -163,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="one API-Bank tool call: greedy decoding vs oospec, side by side")
     p.add_argument("--model", default=DEFAULT_TARGET)
     p.add_argument("--method", default="toolspec")
-    p.add_argument("--sample", type=int, default=1, help="index of the API-Bank level-1 item")
+    p.add_argument("--sample", type=int, default=0, help="index of the API-Bank level-1 item")
     p.add_argument("--warmup", type=int, default=2, help="earlier calls of the session the drafter has seen")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--threads", type=int, default=None)

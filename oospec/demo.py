@@ -43,9 +43,9 @@ def run_demo(model: str, method: str, sample_index: int, warmup_samples: int, ma
         console.print(f"\n[bold]{name}[/] wrote:")
         console.print(res.text, markup=False)
     table = Table(title=f"ar vs {method}: {model}, {base.prompt_tokens}-token prompt")
-    for col in ("method", "new tokens", "target forwards", "tau", "prefill s", "decode s", "total s",
-                "decode speed-up"):
-        table.add_column(col, justify="right")
+    table.add_column("method", no_wrap=True)
+    for col in ("tokens", "forwards", "tau", "prefill s", "decode s", "total s", "decode x"):
+        table.add_column(col, justify="right", no_wrap=True)
     for name, res in results.items():
         s = res.stats
         table.add_row(name, str(s.new_tokens), str(s.target_forwards), f"{s.tau:.2f}", f"{s.prefill_s:.2f}",

@@ -81,3 +81,14 @@ def test_max_new_tokens_capped_by_context():
     prompt = np.arange(model.config.max_position_embeddings - 3) % 300
     out = engine.generate(prompt_ids=prompt, method="pld", max_new_tokens=50)
     assert out.stats.new_tokens == 3
+
+
+def test_cost_curve_on_random_weights(tmp_path, capsys):
+    config_dir = tmp_path / "cfg"
+    tiny_model("qwen2").config.save_pretrained(config_dir)
+    out = tmp_path / "curve.json"
+    code, stdout, _ = run_cli(["bench", "cost-curve", "--random-init", str(config_dir), "--ks", "1,2,4",
+                               "--repeats", "1", "--prompt-len", "16", "--out", str(out)], capsys)
+    assert code == 0 and "c(k)/c(1)" in stdout
+    curve = json.loads(out.read_text())
+    assert curve["ks"] == [1, 2, 4] and curve["ratio"]["1"] == 1.0 and curve["seconds"]["4"] > 0

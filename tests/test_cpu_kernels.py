@@ -117,3 +117,14 @@ def test_padded_batch_matches(pair):
     assert (a[0, 6:] - b[0, 6:]).abs().max().item() < TOL and (a[1] - b[1]).abs().max().item() < TOL
     gen = dict(attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
     assert torch.equal(stock.generate(ids, **gen), fast.generate(ids, **gen))
+
+
+def test_noop_off_cpu():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    with torch.device("meta"):  # stands in for CUDA: any device that is not the CPU is left alone
+        model = Qwen2ForCausalLM(Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1))
+    report = optimize_for_cpu(model)
+    assert not report["applied"] and "not cpu" in report["reason"]
+    assert model.config._attn_implementation != "oospec_cpu_sdpa"

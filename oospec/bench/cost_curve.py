@@ -57,11 +57,12 @@ def random_model(preset_or_config: str, dtype: torch.dtype, device: str) -> torc
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02)
-        for name, buf in model.named_buffers():  # rotary inverse frequencies live in buffers
-            if "inv_freq" in name:
-                inv = 1.0 / (config.rope_theta ** (torch.arange(0, buf.numel() * 2, 2, dtype=torch.float32,
-                                                                 device=device) / (buf.numel() * 2)))
-                buf.copy_(inv.to(buf.dtype))
+    for module in model.modules():  # rotary frequencies are buffers: rebuild them as the model's own init does
+        if hasattr(module, "inv_freq") and hasattr(module, "rope_init_fn"):
+            fresh = type(module)(config=config, device=device)
+            for attr in ("inv_freq", "original_inv_freq"):
+                if hasattr(module, attr) and hasattr(fresh, attr):
+                    getattr(module, attr).copy_(getattr(fresh, attr))
     return model.eval()
 
 

@@ -4,8 +4,8 @@
     python -m oospec.bench.kernel_study --sections curve --model ~/.cache/oospec/models/qwen2.5-coder-1.5b
 
 Sections (`--sections`, comma separated):
-  check     stock vs optimized logits on a chat prompt (random ids for a random model), greedy generations
   gemm      one 1536x8960 float32 projection (the 1.5B MLP shape) per kernel and row count
+  check     stock vs optimized logits on a chat prompt (random ids for a random model), greedy generations
   curve     c(k): one `TargetBackend.verify` of k tokens over a cached prompt, stock vs optimized, plus the
             numerical check (max |logit diff| and argmax agreement)
   levers    the same for each lever on its own (attention, packed linears, padding, lm_head)
