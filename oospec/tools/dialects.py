@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from oospec.tools.schema import Param, Tool
+from oospec.tools.schema import Param, Tool, balanced_end
 
 # --------------------------------------------------------------------------------------------------
 # ToolCall
@@ -83,37 +83,6 @@ _DECODER = json.JSONDecoder()
 _ARG_KEYS = ("arguments", "parameters", "args", "input")
 
 
-def _balanced_end(text: str, start: int) -> int | None:
-    """Exclusive end of the bracket group opening at ``text[start]``; string literals are skipped."""
-    closers = {"{": "}", "[": "]", "(": ")"}
-    stack: list[str] = []
-    quote = None
-    i, n = start, len(text)
-    while i < n:
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 2
-                continue
-            if text.startswith(quote, i):
-                i += len(quote)
-                quote = None
-                continue
-        elif c in "\"'":
-            quote = c * 3 if text.startswith(c * 3, i) else c
-            i += len(quote)
-            continue
-        elif c in closers:
-            stack.append(closers[c])
-        elif c in ")]}":
-            if not stack or stack.pop() != c:
-                return None
-            if not stack:
-                return i + 1
-        i += 1
-    return None
-
-
 def _loads_lenient(raw: str) -> Any:
     try:
         return json.loads(raw)
@@ -142,7 +111,7 @@ def _iter_objects(text: str) -> Iterable[Any]:
         try:
             obj, end = _DECODER.raw_decode(text, j)
         except ValueError:
-            end = _balanced_end(text, j)
+            end = balanced_end(text, j)
             obj = _loads_lenient(text[j:end]) if end else None
             if obj is None:
                 i = j + 1
@@ -281,7 +250,7 @@ class PythonicDialect(Dialect):
     def parse(self, text: str) -> list[ToolCall]:
         # Prefer a bracketed list of calls; otherwise take bare calls.
         for m in re.finditer(r"\[", text):
-            end = _balanced_end(text, m.start())
+            end = balanced_end(text, m.start())
             if end is None:
                 continue
             calls = _parse_call_list(text[m.start():end])
@@ -294,7 +263,7 @@ class PythonicDialect(Dialect):
             m = pattern.search(text, i)
             if m is None:
                 return out
-            end = _balanced_end(text, m.end() - 1)
+            end = balanced_end(text, m.end() - 1)
             call = _parse_call_expr(text[m.start():end], keywords_only=True) if end else None
             if call is not None:
                 out.append(call)

@@ -374,24 +374,28 @@ _APIBANK_INLINE = re.compile(r"^\d+\.\s*(?P<name>[A-Za-z_][\w.\-]*):\s*(?P<desc>
 _OPTIONAL_RE = re.compile(r"^\s*\[?\s*optional\b", re.I)
 
 
-def _balanced_span(text: str, start: int) -> int | None:
-    """End index (exclusive) of the bracketed literal opening at ``text[start]``, skipping quoted strings."""
-    pairs = {"{": "}", "[": "]", "(": ")"}
+def balanced_end(text: str, start: int) -> int | None:
+    """Exclusive end of the bracket group opening at ``text[start]``; string literals are skipped."""
+    closers = {"{": "}", "[": "]", "(": ")"}
     stack: list[str] = []
-    i, n = start, len(text)
     quote = None
+    i, n = start, len(text)
     while i < n:
         c = text[i]
         if quote:
             if c == "\\":
                 i += 2
                 continue
-            if c == quote:
+            if text.startswith(quote, i):
+                i += len(quote)
                 quote = None
+                continue
         elif c in "\"'":
-            quote = c
-        elif c in pairs:
-            stack.append(pairs[c])
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            i += len(quote)
+            continue
+        elif c in closers:
+            stack.append(closers[c])
         elif c in ")]}":
             if not stack or stack.pop() != c:
                 return None
@@ -405,7 +409,7 @@ def _literal_dict(text: str, where: str) -> dict:
     start = text.find("{")
     if start < 0:
         raise SchemaError(f"{where}: no parameter dictionary found")
-    end = _balanced_span(text, start)
+    end = balanced_end(text, start)
     if end is None:
         raise SchemaError(f"{where}: unbalanced parameter dictionary {text[start:start + 80]!r}")
     raw = text[start:end]
