@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from oospec.drafters.base import Drafter, Request
 from oospec.engine.acceptance import greedy_accept
+from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree
 from oospec.errors import ContextLengthError
+
+# Called with the tokens each step produced ((k,) int64, the first call with the prefill's token); returning
+# True ends generation after those tokens (a stop string, a cancelled or timed-out request).
+OnTokens = Callable[[np.ndarray], bool | None]
 
 
 @dataclass
@@ -23,6 +29,8 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside drafters (part of decode_s)
+    prompt_tokens_reused: int = 0  # prompt tokens restored from a prefix cache instead of prefilled
+    sampling: str = "greedy"  # "greedy" (speculative, lossless) or "sample(temperature=..., top_p=...)"
 
     @property
     def tau(self) -> float:
@@ -44,6 +52,8 @@ class GenerationStats:
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "draft_s": round(self.draft_s, 4),
+            "prompt_tokens_reused": self.prompt_tokens_reused,
+            "sampling": self.sampling,
         }
 
 
@@ -51,6 +61,8 @@ class GenerationStats:
 class Generation:
     tokens: np.ndarray  # (new_tokens,) int64 generated ids, the end-of-turn token included if produced
     stats: GenerationStats
+    # "stop": an end-of-turn token, "length": max_new_tokens, "callback": on_tokens asked to stop
+    finish_reason: str = "length"
 
 
 def generate(
@@ -59,22 +71,22 @@ def generate(
     request: Request,
     max_new_tokens: int,
     budget: int = 16,
+    *,
+    prefix_cache: PrefixCache | None = None,
+    on_tokens: OnTokens | None = None,
 ) -> Generation:
     """Greedy decoding of `request.prompt_ids`, accelerated by `drafter`; token-identical to plain greedy.
 
     budget: the most draft nodes verified per forward.
+    prefix_cache: start from the longest cached prefix of the prompt, and keep this request's cache there.
+    on_tokens: told the tokens of every step as they are accepted; may end generation (see OnTokens).
     """
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     p = prompt.size
     eos = np.fromiter(request.eos_ids, dtype=np.int64)
-    if p == 0:
-        raise ValueError("empty prompt")
-    if p + max_new_tokens > target.max_context:
-        raise ContextLengthError(
-            f"prompt of {p} tokens plus max_new_tokens={max_new_tokens} exceeds the model's context of "
-            f"{target.max_context} tokens: shorten the prompt or lower max_new_tokens"
-        )
+    check_fits(p, max_new_tokens, target.max_context)
     stats = GenerationStats()
+    finish_reason = "length"
     # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
     seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)
     seq[:p] = prompt
@@ -84,13 +96,19 @@ def generate(
     try:
         # 1. Prefill: the prompt goes into the cache, its last logits give the first (pending) token.
         t0 = time.perf_counter()
-        pending = target.prefill(prompt)
+        reused = prefix_cache.restore(target, prompt) if prefix_cache is not None else 0
+        pending = target.prefill(prompt, start=reused)
         stats.prefill_s = time.perf_counter() - t0
+        stats.prompt_tokens_reused = reused
         stats.target_forwards = 1
         seq[n] = pending
         n += 1
         done = max_new_tokens <= 1 or pending in request.eos_ids
+        if pending in request.eos_ids:
+            finish_reason = "stop"
         drafter.observe(seq[n - 1 : n])
+        if on_tokens is not None and on_tokens(seq[n - 1 : n]) and not done:
+            done, finish_reason = True, "callback"
         t_decode = time.perf_counter()
         while not done:
             remaining = max_new_tokens - (n - p)
@@ -114,7 +132,8 @@ def generate(
             stop = np.flatnonzero(np.isin(produced, eos))
             if stop.size:
                 produced = produced[: stop[0] + 1]
-                done = True
+                done, finish_reason = True, "stop"
+            first = n
             n += produced.size
             if n - p >= max_new_tokens:
                 n = p + max_new_tokens
@@ -123,8 +142,22 @@ def generate(
             drafter.observe(produced)
             stats.draft_s += time.perf_counter() - t_obs
             pending = bonus
+            if on_tokens is not None and on_tokens(seq[first:n]) and not done:
+                done, finish_reason = True, "callback"
         stats.decode_s = time.perf_counter() - t_decode
+        if prefix_cache is not None:
+            prefix_cache.store(target, seq[: min(n, target.length)])
     finally:
         drafter.finish()
     stats.new_tokens = n - p
-    return Generation(tokens=seq[p:n].copy(), stats=stats)
+    return Generation(tokens=seq[p:n].copy(), stats=stats, finish_reason=finish_reason)
+
+
+def check_fits(prompt_tokens: int, max_new_tokens: int, max_context: int) -> None:
+    if prompt_tokens == 0:
+        raise ValueError("empty prompt")
+    if prompt_tokens + max_new_tokens > max_context:
+        raise ContextLengthError(
+            f"prompt of {prompt_tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the model's context of "
+            f"{max_context} tokens: shorten the prompt or lower max_new_tokens"
+        )

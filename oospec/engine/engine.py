@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from oospec.drafters import Drafter, Request, make_drafter
-from oospec.engine.decode import Generation, generate
+from oospec.engine.decode import Generation, OnTokens, generate
+from oospec.engine.prefix_cache import PrefixCache
+from oospec.engine.sampling import sample
 from oospec.engine.target import TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
 
@@ -108,12 +110,20 @@ class Engine:
         tool_schemas: list | None = None,
         dialect: str | None = None,
         request_meta: dict | None = None,
+        prefix_cache: PrefixCache | None = None,
+        on_tokens: OnTokens | None = None,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
     ) -> Result:
         """Greedy reply to `messages` (or to ready `prompt_ids`).
 
         tools: OpenAI-style tools passed to the chat template. tool_schemas: the tools as drafters should see
         them (oospec.tools.schema.Tool), for prompts that describe tools in prose; defaults to `tools`.
         dialect: how the target writes calls (see oospec.tools.dialects); default hermes when tools are given.
+        prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
+        on_tokens: called with the tokens of each step as they are accepted; returning True stops generation.
+        temperature > 0: ordinary sampling, one forward per token, no drafting (`method` is not used).
         """
         if prompt_ids is None:
             if messages is None:
@@ -126,7 +136,6 @@ class Engine:
                 f"the prompt has {prompt_ids.size} tokens but the model's context is {context} tokens"
             )
         max_new_tokens = min(max_new_tokens, context - prompt_ids.size)
-        drafter = make_drafter(method) if isinstance(method, str) else method
         request = Request(
             prompt_ids=prompt_ids,
             eos_ids=self.eos_ids,
@@ -136,6 +145,12 @@ class Engine:
             dialect=dialect,
             meta=request_meta or {},
         )
-        gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget)
+        if temperature > 0:
+            gen = sample(self.target, request, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                         prefix_cache=prefix_cache, on_tokens=on_tokens)
+        else:
+            drafter = make_drafter(method) if isinstance(method, str) else method
+            gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget,
+                           prefix_cache=prefix_cache, on_tokens=on_tokens)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))

@@ -92,21 +92,35 @@ class TargetBackend:
         self._cache = Cache(layers=self._layers)
 
     @torch.inference_mode()
-    def prefill(self, prompt_ids: np.ndarray) -> int:
-        """Encode the prompt into the cache and return the target's first greedy token."""
-        n = int(prompt_ids.size)
-        ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).view(1, n)
-        positions = torch.arange(n, device=self.device).view(1, n)
+    def prefill(self, prompt_ids: np.ndarray, start: int = 0) -> int:
+        """Encode the prompt into the cache and return the target's first greedy token.
+
+        start: prompt tokens already in the cache (restored by `load_prefix`); only the rest is encoded."""
+        return int(self.prefill_logits(prompt_ids, start).argmax())
+
+    @torch.inference_mode()
+    def prefill_logits(self, prompt_ids: np.ndarray, start: int = 0) -> torch.Tensor:
+        """Like `prefill`, but return the (vocab,) logits after the last prompt token."""
+        if start != self.length or not 0 <= start < prompt_ids.size:
+            raise ValueError(f"prefill from {start} with {self.length} cached tokens and a {prompt_ids.size}-token prompt")
+        n = int(prompt_ids.size) - start
+        ids = torch.as_tensor(prompt_ids[start:], dtype=torch.long, device=self.device).view(1, n)
+        positions = torch.arange(start, start + n, device=self.device).view(1, n)
         out = self.model(
             input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{self._cache_kw: self._cache}
         )
         self._keep(None, n)
-        return int(out.logits[0, -1].argmax())
+        return out.logits[0, -1]
 
     @torch.inference_mode()
     def verify(self, pending: int, tree: TokenTree) -> np.ndarray:
         """One forward over the pending token and every tree node; returns the target's greedy choice after
         each of them, (len(tree)+1,) int64 (entry 0: after the pending token)."""
+        return self.verify_logits(pending, tree).argmax(-1).cpu().numpy()
+
+    @torch.inference_mode()
+    def verify_logits(self, pending: int, tree: TokenTree) -> torch.Tensor:
+        """Like `verify`, but return the (len(tree)+1, vocab) logits."""
         q = len(tree) + 1
         start = self.length
         tokens = np.empty(q, dtype=np.int64)
@@ -124,7 +138,7 @@ class TargetBackend:
             use_cache=True,
             **{self._cache_kw: self._cache},
         )
-        return out.logits[0].argmax(-1).cpu().numpy()
+        return out.logits[0]
 
     @torch.inference_mode()
     def commit(self, accepted: np.ndarray) -> None:
@@ -137,6 +151,32 @@ class TargetBackend:
         rows[0] = 0
         rows[1:] = accepted + 1
         self._keep(torch.from_numpy(rows).to(self.device), count)
+
+    @property
+    def slot_bytes(self) -> int:
+        """Bytes of keys and values one token occupies across all layers (0 before the first forward)."""
+        return sum(layer.keys[0, :, 0].nbytes + layer.values[0, :, 0].nbytes for layer in self._layers if layer.is_initialized)
+
+    @torch.inference_mode()
+    def save_prefix(self, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of the first `n` committed slots of every layer: [(keys, values)], each (1, kv_heads, n, head_dim)."""
+        if not 0 < n <= self.length:
+            raise ValueError(f"cannot save {n} slots of {self.length} committed")
+        return [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in self._layers]
+
+    @torch.inference_mode()
+    def load_prefix(self, kv: list[tuple[torch.Tensor, torch.Tensor]], n: int) -> None:
+        """Make the first `n` slots of a freshly `reset` cache those saved by `save_prefix` (same model)."""
+        if self.length:
+            raise ValueError("load_prefix needs a freshly reset cache")
+        if len(kv) != len(self._layers) or n > self._layers[0].capacity:
+            raise ValueError(f"a {len(kv)}-layer prefix of {n} slots does not fit this cache")
+        for layer, (keys, values) in zip(self._layers, kv):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys[:, :, :n] = keys[:, :, :n]
+            layer.values[:, :, :n] = values[:, :, :n]
+            layer.length = n
 
     def _keep(self, rows: torch.Tensor | None, count: int) -> None:
         for layer in self._layers:

@@ -1,0 +1,185 @@
+"""Prefix reuse, streaming callbacks and sampling in the engine: outputs stay those of a cold greedy decode."""
+
+import numpy as np
+import pytest
+import torch
+from adversarial import DecoyOracleDrafter, RandomTreeDrafter
+from conftest import greedy_reference
+
+from oospec.drafters import make_drafter
+from oospec.drafters.base import Request
+from oospec.engine.decode import generate
+from oospec.engine.prefix_cache import PrefixCache, common_prefix_length
+from oospec.engine.sampling import sample
+from oospec.engine.target import TargetBackend
+
+VOCAB = 320
+MAX_NEW = 24
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Leave the machine's other core alone while these run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def conversation(seed=0, turns=4):
+    """Prompts of a growing conversation: each is the previous one, plus a reply and a new message; one
+    branch goes back to an earlier turn and diverges."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(2, VOCAB, 40)
+    out = [prompt]
+    for _ in range(turns - 1):
+        prompt = np.concatenate([prompt, rng.integers(2, VOCAB, int(rng.integers(5, 30)))])
+        out.append(prompt)
+    out.append(np.concatenate([out[1][:-3], rng.integers(2, VOCAB, 12)]))  # a branch off turn 2
+    out.append(out[2].copy())  # the same prompt again: all but its last token is reused
+    return out
+
+
+def test_common_prefix_length():
+    a = np.array([1, 2, 3, 4])
+    assert common_prefix_length(a, np.array([1, 2, 9])) == 2
+    assert common_prefix_length(a, a[:2]) == 2
+    assert common_prefix_length(a, np.array([7])) == 0
+    assert common_prefix_length(a, np.array([], dtype=np.int64)) == 0
+
+
+@pytest.mark.parametrize("method", ["ar", "pld", "random", "oracle"])
+def test_reuse_matches_cold_greedy(tiny, method):
+    target = TargetBackend(tiny)
+    cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
+    reused = []
+    for i, prompt in enumerate(conversation()):
+        reference = greedy_reference(tiny, prompt, MAX_NEW)
+        drafter = {"ar": make_drafter("ar"), "pld": make_drafter("pld"), "random": RandomTreeDrafter(VOCAB, i),
+                   "oracle": DecoyOracleDrafter(reference, VOCAB, i)}[method]
+        out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=16, prefix_cache=cache)
+        assert np.array_equal(out.tokens, reference), f"turn {i}"
+        reused.append(out.stats.prompt_tokens_reused)
+    prompts = conversation()
+    assert reused[0] == 0
+    assert reused[1] == prompts[0].size  # the whole earlier prompt (its output was not part of this prompt)
+    assert reused[4] == prompts[1].size - 3  # the branch shares turn 2 up to where it diverges
+    assert reused[5] == prompts[2].size - 1  # a repeated prompt: everything but the token that gives the logits
+    assert cache.stats.hits == 5
+
+
+def test_reuse_of_the_previous_output(tiny):
+    """An agent's next prompt contains the reply just generated: that part is reused too."""
+    target = TargetBackend(tiny)
+    cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
+    prompt = conversation()[0]
+    first = generate(target, make_drafter("pld"), Request(prompt, frozenset()), MAX_NEW, prefix_cache=cache)
+    follow_up = np.concatenate([prompt, first.tokens, np.arange(10, 20)])
+    out = generate(target, make_drafter("pld"), Request(follow_up, frozenset()), MAX_NEW, prefix_cache=cache)
+    # Every token whose key and value were committed: the prompt and all output but the last token.
+    assert out.stats.prompt_tokens_reused == prompt.size + first.tokens.size - 1
+    assert np.array_equal(out.tokens, greedy_reference(tiny, follow_up, MAX_NEW))
+
+
+def test_memory_bound_and_lru_eviction(tiny):
+    target = TargetBackend(tiny)
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(2, VOCAB, 50) for _ in range(4)]
+    generate(target, make_drafter("ar"), Request(prompts[0], frozenset()), 4)
+    per_entry = (50 + 3) * target.slot_bytes  # prompt plus committed output
+    cache = PrefixCache(max_bytes=int(2.5 * per_entry), min_tokens=4)
+    for p in prompts[:3]:
+        generate(target, make_drafter("ar"), Request(p, frozenset()), 4, prefix_cache=cache)
+        assert cache.nbytes <= cache.max_bytes
+    assert len(cache) == 2 and cache.stats.evictions == 1
+    # prompts[0] was evicted (least recently used); prompts[1] and [2] are still there
+    assert cache.restore(target_reset(target), prompts[0]) == 0
+    assert cache.restore(target_reset(target), prompts[1]) == 49
+    assert cache.restore(target_reset(target), prompts[2]) == 49
+    # Touching [1] then storing a new entry evicts [2], not [1]
+    cache.restore(target_reset(target), prompts[1])
+    generate(target, make_drafter("ar"), Request(prompts[3], frozenset()), 4, prefix_cache=cache)
+    assert cache.restore(target_reset(target), prompts[2]) == 0
+    assert cache.restore(target_reset(target), prompts[1]) == 49
+    # An entry larger than the whole budget is not kept
+    small = PrefixCache(max_bytes=per_entry // 2, min_tokens=4)
+    generate(target, make_drafter("ar"), Request(prompts[0], frozenset()), 4, prefix_cache=small)
+    assert len(small) == 0 and small.nbytes == 0
+
+
+def target_reset(target):
+    target.reset(128)
+    return target
+
+
+def test_extended_entries_replace_their_prefix(tiny):
+    target = TargetBackend(tiny)
+    cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
+    prompt = conversation()[0]
+    for turn in range(4):  # each prompt is the last one, its reply and a new message
+        out = generate(target, make_drafter("ar"), Request(prompt, frozenset()), 4, prefix_cache=cache)
+        assert out.stats.prompt_tokens_reused == (0 if turn == 0 else prompt.size - 8 - 1)
+        prompt = np.concatenate([prompt, out.tokens, np.arange(50 + turn, 58 + turn)])
+    assert len(cache) == 1  # one growing conversation is one entry, not four copies
+
+
+def test_on_tokens_sees_every_token_and_can_stop(tiny):
+    target = TargetBackend(tiny)
+    prompt = conversation(1)[0]
+    reference = greedy_reference(tiny, prompt, MAX_NEW)
+    seen = []
+    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 0), Request(prompt, frozenset()), MAX_NEW,
+                   on_tokens=lambda t: seen.append(t.copy()))
+    assert np.array_equal(np.concatenate(seen), out.tokens)
+    assert max(s.size for s in seen) > 1  # steps that accepted several tokens report them together
+    assert out.finish_reason == "length"
+    calls = []
+    out = generate(target, make_drafter("ar"), Request(prompt, frozenset()), MAX_NEW,
+                   on_tokens=lambda t: calls.append(t.copy()) or len(calls) == 5)
+    assert out.finish_reason == "callback"
+    assert np.array_equal(out.tokens, reference[:5])
+    eos = frozenset({int(reference[3])})
+    out = generate(target, make_drafter("pld"), Request(prompt, eos), MAX_NEW)
+    assert out.finish_reason == "stop" and out.tokens[-1] == reference[3]
+
+
+def test_sampling_is_seeded_and_tends_to_greedy_at_low_temperature(tiny):
+    target = TargetBackend(tiny)
+    prompt = conversation(2)[0]
+    request = Request(prompt, frozenset())
+    a = sample(target, request, MAX_NEW, temperature=1.0, seed=7)
+    b = sample(target, request, MAX_NEW, temperature=1.0, seed=7)
+    c = sample(target, request, MAX_NEW, temperature=1.0, seed=8)
+    assert np.array_equal(a.tokens, b.tokens) and not np.array_equal(a.tokens, c.tokens)
+    assert a.stats.sampling.startswith("sample(") and a.stats.tau == 1.0
+    # At a tiny temperature, sampling picks the argmax: the sampler reads the right logits at every step.
+    cold = sample(target, request, MAX_NEW, temperature=1e-4, seed=1)
+    assert np.array_equal(cold.tokens, greedy_reference(tiny, prompt, MAX_NEW))
+    # ... also when the prompt starts from a reused prefix, and top_p -> 0 keeps only the top token.
+    cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
+    sample(target, request, 4, temperature=1.0, seed=1, prefix_cache=cache)
+    longer = np.concatenate([prompt, np.arange(30, 40)])
+    out = sample(target, Request(longer, frozenset()), MAX_NEW, temperature=1.0, top_p=1e-6, seed=3,
+                 prefix_cache=cache)
+    assert out.stats.prompt_tokens_reused >= prompt.size
+    assert np.array_equal(out.tokens, greedy_reference(tiny, longer, MAX_NEW))
+
+
+def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar():
+    """A real multi-turn API-Bank dialogue, turn by turn, with toolspec and prefix reuse: token-identical to
+    cold plain greedy (`ar`, no cache) on SmolLM2-135M."""
+    from oospec.bench.serve import pick_dialogue
+    from oospec.engine.engine import Engine
+
+    engine = Engine.from_pretrained("smollm2-135m")
+    _, turns = pick_dialogue(None)
+    cache = PrefixCache(max_bytes=256 << 20)
+    drafter = make_drafter("toolspec")
+    for i, sample_ in enumerate(turns[:3]):
+        prompt = engine.encode(sample_.messages)
+        fast = engine.generate(sample_.messages, prompt_ids=prompt, method=drafter, max_new_tokens=40,
+                               tool_schemas=sample_.tools, dialect=sample_.dialect, prefix_cache=cache)
+        cold = engine.generate(prompt_ids=prompt, method="ar", max_new_tokens=40)
+        assert np.array_equal(fast.tokens, cold.tokens), f"turn {i}"
+        if i:
+            assert fast.stats.prompt_tokens_reused > prompt.size // 2
