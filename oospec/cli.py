@@ -16,8 +16,24 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help="auto: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the target (default: all cores)")
+    p.add_argument("--threads", "--target-threads", dest="threads", type=int, default=None,
+                   help="CPU threads for the target (default: all cores)")
     p.add_argument("--no-optimize", action="store_true", help="keep the stock transformers kernels")
+
+
+def _add_sidecar_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--sidecar-model", default="qwen2.5-coder-0.5b",
+                   help="the sidecar of --method oospec/sidecar: a known model name or a local Hugging Face folder")
+    p.add_argument("--sidecar-adapter", default=None, help="a LoRA adapter folder for the sidecar model")
+    p.add_argument("--sidecar-threads", type=int, default=1, help="CPU threads of the sidecar's own process")
+    p.add_argument("--sidecar-device", default="cpu", help="the sidecar's device: cpu, cuda:1, ...")
+
+
+def _sidecar_client(args):
+    from oospec.sidecar import SidecarClient
+
+    return SidecarClient(args.sidecar_model, threads=args.sidecar_threads, device=args.sidecar_device,
+                         dtype=args.dtype, adapter=args.sidecar_adapter)
 
 
 def _set_threads(threads: int | None) -> None:
@@ -62,16 +78,28 @@ def cmd_generate(args) -> None:
     messages = _load_json(args.messages, "messages")
     tools = _load_json(args.tools, "tools") if args.tools else None
     engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
-    method = args.method
+    from oospec.drafters import make_drafter
+
+    options = {}
     if args.memory:
-        from oospec.drafters import make_drafter
         from oospec.drafters.retrieval import CallMemory
 
-        if args.method not in ("retrieval", "toolspec"):
-            raise OospecError("--memory needs --method retrieval or toolspec")
-        method = make_drafter(args.method, memory=CallMemory(args.memory))
-    result = engine.generate(messages, tools=tools, method=method, max_new_tokens=args.max_new_tokens,
-                             budget=args.budget)
+        if args.method not in ("retrieval", "toolspec", "oospec"):
+            raise OospecError("--memory needs --method retrieval, toolspec or oospec")
+        options["memory"] = CallMemory(args.memory)
+    sidecar = _sidecar_client(args) if args.method in ("oospec", "sidecar") else None
+    if sidecar is not None:
+        options["sidecar"] = sidecar
+    try:
+        method = make_drafter(args.method, **options)
+    except ValueError as exc:
+        raise OospecError(str(exc)) from None
+    try:
+        result = engine.generate(messages, tools=tools, method=method, max_new_tokens=args.max_new_tokens,
+                                 budget=args.budget)
+    finally:
+        if sidecar is not None:
+            sidecar.close()
     stats = result.stats
     if args.json:
         print(json.dumps({"text": result.text, "tokens": result.tokens.tolist(), "prompt_tokens": result.prompt_tokens,
@@ -126,13 +154,16 @@ def cmd_bench_run(args) -> None:
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
+        sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
+        sidecar_adapter=args.sidecar_adapter,
     ))
 
 
 def cmd_demo(args) -> None:
     from oospec.demo import run_demo
 
-    if not run_demo(args.model, args.method, args.sample, args.warmup, args.max_new_tokens, args.threads):
+    if not run_demo(args.model, args.method, args.sample, args.warmup, args.max_new_tokens, args.threads,
+                    args.sidecar_model, args.sidecar_threads, args.sidecar_device, args.sidecar_adapter):
         raise OospecError("the speculative output differed from greedy decoding: please report this as a bug")
 
 
@@ -158,16 +189,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--memory", help="JSONL store of past calls that retrieval reads and appends to, across runs")
     _add_runtime_options(p)
+    _add_sidecar_options(p)
     p.set_defaults(func=cmd_generate)
 
     p = sub.add_parser("demo", help="one API-Bank tool call: greedy decoding vs oospec, side by side")
     p.add_argument("--model", default=DEFAULT_TARGET)
-    p.add_argument("--method", default="toolspec")
+    p.add_argument("--method", default="oospec")
     p.add_argument("--sample", type=int, default=0, help="index of the API-Bank level-1 item")
     p.add_argument("--warmup", type=int, default=2, help="earlier calls of the session the drafter has seen")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", "--target-threads", dest="threads", type=int, default=None,
+                   help="target threads (default: all cores, less the sidecar's)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    _add_sidecar_options(p)
     p.set_defaults(func=cmd_demo)
+
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
     p = bench.add_parser("cost-curve", help="time one target forward verifying k tokens on a cached prompt")
@@ -187,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
     p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
     p.add_argument("--methods", default="ar,pld,toolspec,hf-pld,oracle",
-                   help="comma list: ar, pld, toolspec, ... (any drafter), oracle, hf-pld, hf-assisted; ar always runs")
+                   help="comma list: ar, pld, toolspec, oospec, ... (any drafter), oracle, ar-all-cores, hf-pld, "
+                        "hf-assisted; ar always runs")
     p.add_argument("--target", default=DEFAULT_TARGET, help="known model name or local Hugging Face folder")
     p.add_argument("--assistant", default="qwen2.5-coder-0.5b", help="assistant model for hf-assisted")
     p.add_argument("--limit", type=int, default=None, help="first N samples of each dataset")
@@ -197,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_runtime_options(p)
+    _add_sidecar_options(p)
     p.set_defaults(func=cmd_bench_run)
     return parser
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -12,17 +14,38 @@ from oospec.engine.engine import Engine
 
 
 def run_demo(model: str, method: str, sample_index: int, warmup_samples: int, max_new_tokens: int,
-             threads: int | None = None) -> bool:
-    console = Console()
-    if threads:
-        import torch
+             threads: int | None = None, sidecar_model: str = "qwen2.5-coder-0.5b", sidecar_threads: int = 1,
+             sidecar_device: str = "cpu", sidecar_adapter: str | None = None) -> bool:
+    import os
 
+    import torch
+
+    console = Console()
+    uses_sidecar = method in ("oospec", "sidecar")
+    if uses_sidecar and not threads and sidecar_device == "cpu":
+        threads = max(1, (os.cpu_count() or 2) - sidecar_threads)  # the sidecar has the other core(s)
+    if threads:
         torch.set_num_threads(threads)
     console.print(f"[bold]oospec demo[/]: target [cyan]{model}[/] (first run downloads and converts it once)")
-    engine = Engine.from_pretrained(model)
+    sidecar = None
+    if uses_sidecar:
+        from oospec.sidecar import SidecarClient
+
+        console.print(f"starting the sidecar [cyan]{sidecar_model}[/] in its own process "
+                      f"({sidecar_threads} thread(s) on {sidecar_device}); target threads: {torch.get_num_threads()}")
+        sidecar = SidecarClient(sidecar_model, threads=sidecar_threads, device=sidecar_device, adapter=sidecar_adapter)
+    try:
+        return _demo(console, Engine.from_pretrained(model), model, method, sidecar, sample_index, warmup_samples,
+                     max_new_tokens)
+    finally:
+        if sidecar is not None:
+            sidecar.close()
+
+
+def _demo(console, engine, model, method, sidecar, sample_index, warmup_samples, max_new_tokens) -> bool:
     samples = load_dataset("apibank", split="1")
     sample = samples[sample_index % len(samples)]
-    drafter = make_drafter(method)
+    drafter = make_drafter(method, sidecar=sidecar) if sidecar is not None else make_drafter(method)
     # An agent makes many calls; the drafter learns the target's habits (call wrapper, whitespace) and
     # remembers past calls. Give it the calls just before this one, as an agent session would have.
     history = [samples[(sample_index - k) % len(samples)] for k in range(warmup_samples, 0, -1)]
@@ -57,4 +80,18 @@ def run_demo(model: str, method: str, sample_index: int, warmup_samples: int, ma
     calls = sample.parse(fast.text)
     if calls:
         console.print(f"parsed call: {calls[0].name}({calls[0].arguments})", markup=False)
+    report = getattr(drafter, "report", None)
+    if report:
+        if report.get("function"):
+            payload = {"function": report["function"], "arguments": report["arguments"],
+                       "alternatives": report.get("alternatives", [])}
+            when = ("before the target's first decode step" if report.get("tokens_written_at_arrival") == 1
+                    else f"after {report.get('tokens_written_at_arrival')} tokens" if report.get("arrived")
+                    else "after the target had finished")
+            console.print(f"\n[bold]sidecar payload[/] ({report['payload_bytes']} bytes, computed in "
+                          f"{report['compute_s']:.1f} s, arrived {when}):")
+            console.print(json.dumps(payload, ensure_ascii=False), markup=False)
+        else:
+            console.print(f"\n[bold]sidecar[/]: no payload ({report.get('fault') or 'none arrived in time'}); "
+                          "decoding went on without hints")
     return identical

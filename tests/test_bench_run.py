@@ -96,7 +96,7 @@ def test_samples_jsonl(bench_result):
 
 def test_report_table(bench_result):
     report = (bench_result["out"] / "report.md").read_text()
-    assert "| method | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction" in report
+    assert "| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction" in report
     assert "## apibank" in report and "| oracle | 2 |" in report and "| toolspec | 2 |" in report
     assert "torch threads" in report and "command:" in report and "float32" in report
 
@@ -129,3 +129,24 @@ def test_cli_rejects_unknown_method(capsys):
 
     assert main(["bench", "run", "--dataset", "apibank", "--methods", "ar,nope", "--limit", "1"]) == 2
     assert "unknown method" in capsys.readouterr().err
+
+
+def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
+    """`oospec` in the benchmark: a sidecar process (a scripted one here), cores per method, sidecar table."""
+    from oospec.sidecar import SidecarClient
+
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "toolspec", "oospec", "ar-all-cores"], target="tiny-random",
+                      limit=2, max_new_tokens=24, budget=8, out=tmp_path, progress=False, echo=False, threads=1)
+    with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good"}) as client:
+        result = bench_run.run_benchmark(cfg, engine=tiny_engine, sidecar=client)
+    rows = result["summary"]["apibank"]
+    assert rows["oospec"]["identical_rate"] == 1.0 and rows["ar-all-cores"]["identical_rate"] == 1.0
+    assert rows["ar"]["cores"] == "1" and rows["oospec"]["cores"] == "1+1"
+    assert rows["ar-all-cores"]["cores"] == str(__import__("os").cpu_count())
+    sc = rows["oospec"]["sidecar"]
+    assert sc["n"] == 2 and sc["answered"] == 1.0 and sc["payload_bytes"] > 20
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    oospec = [r for r in records if r["method"] == "oospec"]
+    assert all("function_match" in r["sidecar"] and "latency_s" in r["sidecar"] for r in oospec)
+    report = (tmp_path / "report.md").read_text()
+    assert "Sidecar:" in report and "| oospec | 2 | 100% |" in report

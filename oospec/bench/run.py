@@ -37,6 +37,8 @@ from oospec.errors import OospecError
 
 REFERENCE = "ar"
 ORACLE = "oracle"
+SIDECAR_METHODS = ("oospec", "sidecar")  # engine methods that run with a sidecar process
+ALL_CORES = "ar-all-cores"  # plain greedy decoding with every core, for reference when the target has fewer
 HF_METHODS = ("hf-pld", "hf-assisted")
 PROMPT_LOOKUP_NUM_TOKENS = 10
 # Sample metadata a drafter may see; everything else (gold answers, BFCL's possible answers, API-Bank's
@@ -63,7 +65,11 @@ class BenchConfig:
     limit: int | None = None
     max_new_tokens: int = 128
     budget: int = 16
-    threads: int | None = None
+    threads: int | None = None  # the target's torch threads (default: torch's choice, all cores)
+    sidecar_model: str = "qwen2.5-coder-0.5b"
+    sidecar_threads: int = 1
+    sidecar_device: str = "cpu"
+    sidecar_adapter: str | None = None
     out: str | Path | None = None
     assistant: str = "qwen2.5-coder-0.5b"
     dtype: str = "auto"
@@ -78,7 +84,7 @@ class BenchConfig:
 def known_methods() -> list[str]:
     from oospec.drafters import DRAFTERS
 
-    names = [REFERENCE, *(m for m in DRAFTERS if m != REFERENCE), ORACLE, *HF_METHODS]
+    names = [REFERENCE, *(m for m in DRAFTERS if m != REFERENCE), ORACLE, ALL_CORES, *HF_METHODS]
     return list(dict.fromkeys(names))
 
 
@@ -270,7 +276,7 @@ class HFPeer:
         return tokens, counter.count, e2e
 
 
-def make_method(name: str):
+def make_method(name: str, sidecar=None):
     """A fresh drafter for an engine method (state is kept per dataset by the caller)."""
     if name == ORACLE:
         from oospec.drafters.oracle import OracleDrafter
@@ -278,7 +284,53 @@ def make_method(name: str):
         return OracleDrafter()
     from oospec.drafters import make_drafter
 
+    if name == ALL_CORES:
+        return make_drafter(REFERENCE)
+    if name in SIDECAR_METHODS:
+        return make_drafter(name, sidecar=sidecar)
     return make_drafter(name)
+
+
+class _Threads:
+    """Run a block with this many torch threads (None: unchanged)."""
+
+    def __init__(self, n: int | None):
+        self.n = n
+
+    def __enter__(self):
+        import torch
+
+        self.before = torch.get_num_threads()
+        if self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        import torch
+
+        torch.set_num_threads(self.before)
+
+
+def _normalized(value) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def sidecar_agreement(report: dict, sample, text: str) -> dict:
+    """How the sidecar's payload compares with the call the target actually wrote."""
+    if not report.get("function"):
+        return {}
+    try:
+        calls = sample.parse(text)
+    except Exception:
+        calls = []
+    if not calls:
+        return {"function_match": False, "slots_total": 0, "slots_matched": 0, "full_match": False}
+    call = calls[0]
+    hinted = report.get("arguments") or {}
+    function_match = call.name == report["function"]
+    args = call.arguments if isinstance(call.arguments, dict) else {}
+    matched = sum(1 for k, v in args.items() if function_match and k in hinted and _normalized(hinted[k]) == _normalized(v))
+    return {"function_match": function_match, "slots_total": len(args), "slots_matched": matched,
+            "full_match": function_match and matched == len(args) and set(hinted) == set(args)}
 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
@@ -345,6 +397,50 @@ def _safe_div(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 
 
+def summarize_sidecar(records: Sequence[dict]) -> dict:
+    """{dataset: {method: sidecar stats}} for methods that ran with a sidecar."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in records:
+        sc = r.get("sidecar")
+        if not sc:
+            continue
+        out.setdefault(r["dataset"], {}).setdefault(r["method"], []).append(sc)
+    table: dict[str, dict[str, dict]] = {}
+    for ds, per_method in out.items():
+        for m, scs in per_method.items():
+            answered = [x for x in scs if x.get("function")]
+            in_time = [x for x in answered if x.get("arrived")]
+            agree = [x for x in answered if "function_match" in x]
+            slots_total = sum(x.get("slots_total", 0) for x in agree)
+            table.setdefault(ds, {})[m] = {
+                "n": len(scs),
+                "answered": len(answered) / len(scs),
+                "in_time": len(in_time) / len(scs),
+                "latency_s": float(np.mean([x["latency_s"] for x in answered if x.get("latency_s")])) if answered else None,
+                "tokens_written_at_arrival": float(np.mean([x["tokens_written_at_arrival"] for x in in_time]))
+                if in_time else None,
+                "function_agreement": float(np.mean([x["function_match"] for x in agree])) if agree else None,
+                "slot_agreement": sum(x.get("slots_matched", 0) for x in agree) / slots_total if slots_total else None,
+                "full_call_agreement": float(np.mean([x["full_match"] for x in agree])) if agree else None,
+                "payload_bytes": float(np.mean([x["payload_bytes"] for x in answered])) if answered else None,
+                "faults": sorted({x["fault"] for x in scs if x.get("fault")}),
+            }
+    return table
+
+
+def format_sidecar_table(rows: dict[str, dict]) -> str:
+    lines = ["| method | n | answered | before the target needed it | latency | tokens written at arrival "
+             "| function agreement | slot agreement | full-call agreement | payload bytes | faults |",
+             "|" + "---|" * 11]
+    for m, r in rows.items():
+        lines.append(f"| {m} | {r['n']} | {_pct(r['answered'])} | {_pct(r['in_time'])} "
+                     f"| {_fmt(r['latency_s'], '.1f', ' s')} | {_fmt(r['tokens_written_at_arrival'], '.1f')} "
+                     f"| {_pct(r['function_agreement'])} | {_pct(r['slot_agreement'])} "
+                     f"| {_pct(r['full_call_agreement'])} | {_fmt(r['payload_bytes'], '.0f')} "
+                     f"| {', '.join(r['faults']) or 'none'} |")
+    return "\n".join(lines)
+
+
 def summarize(records: Sequence[dict], methods: Sequence[str]) -> dict:
     """{dataset: {method: stats}}; speed-ups are ratios of summed times over the same samples, vs ar."""
     by_ds: dict[str, dict[str, list[dict]]] = {}
@@ -365,6 +461,7 @@ def summarize(records: Sequence[dict], methods: Sequence[str]) -> dict:
             ratios = [x["e2e_s"] / r["e2e_s"] for x, r in zip(refs, recs) if r["e2e_s"] > 0]
             rows[m] = {
                 "n": len(recs),
+                "cores": recs[0].get("cores"),
                 "tau": _safe_div(tok, fwd),
                 "decode_speedup": _safe_div(sum(x["decode_s"] for x in refs), sum(r["decode_s"] for r in recs)),
                 "e2e_speedup": _safe_div(sum(x["e2e_s"] for x in refs), sum(r["e2e_s"] for r in recs)),
@@ -395,12 +492,12 @@ def _pct(x: float | None) -> str:
 
 
 def format_table(rows: dict[str, dict]) -> str:
-    head = ("| method | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction "
+    head = ("| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction "
             "| identical | accuracy |")
-    lines = [head, "|" + "---|" * 9]
+    lines = [head, "|" + "---|" * 10]
     for m, r in rows.items():
         lines.append(
-            f"| {m} | {r['n']} | {_fmt(r['tau'])} | {_fmt(r['decode_speedup'], suffix='x')} "
+            f"| {m} | {r.get('cores') or '–'} | {r['n']} | {_fmt(r['tau'])} | {_fmt(r['decode_speedup'], suffix='x')} "
             f"| {_fmt(r['e2e_speedup'], suffix='x')} | {_fmt(r['e2e_ratio_mean'], suffix='x')} "
             f"| {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} |"
         )
@@ -419,10 +516,16 @@ FOOTNOTES = """\
 - oracle fraction: (speed-up - 1) / (oracle speed-up - 1) of decode speed-ups; 100% = as fast as the
   oracle, 0% = no faster than ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
 - identical: generated token ids equal to ar's. accuracy: the benchmark's call check on the decoded text.
+- cores: the target's torch threads, plus the sidecar's for methods that run one (it has its own process).
+  ar-all-cores: ar with every core, for reference; speed-ups are against ar with the target's threads.
+- sidecar table: answered = a valid payload arrived before the request ended; before the target needed it =
+  it arrived while the target had written at most its first token (the sidecar runs during prefill);
+  latency = from the request's start to the payload; agreement = payload vs the call the target wrote
+  (function name; slot values, exact JSON equality; full call = function and every slot, no extra slot).
 """
 
 
-def format_report(summary: dict, header: dict, divergences: Sequence[dict]) -> str:
+def format_report(summary: dict, header: dict, divergences: Sequence[dict], sidecar: dict | None = None) -> str:
     lines = ["# oospec bench run", ""]
     lines.append(f"- command: `{header['command']}`")
     mi = header["machine"]
@@ -432,12 +535,18 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict]) -> s
                  f"kernels: {header['kernels']})")
     if header.get("assistant"):
         lines.append(f"- hf-assisted assistant: {header['assistant']}")
+    if header.get("sidecar"):
+        sc = header["sidecar"]
+        lines.append(f"- sidecar: {sc['model']}{' + ' + sc['adapter'] if sc.get('adapter') else ''} on {sc['device']}, "
+                     f"{sc['threads']} thread(s), own process; target threads {header['target_threads']}")
     lines.append(f"- max_new_tokens {header['max_new_tokens']}, budget {header['budget']}, "
                  f"hf-pld prompt_lookup_num_tokens {PROMPT_LOOKUP_NUM_TOKENS}")
     lines.append(f"- software: torch {mi['torch']}, transformers {mi['transformers']}, python {mi['python']}")
     lines.append(f"- started {header['started']}, took {header.get('elapsed_s', 0):.0f} s")
     for ds, rows in summary.items():
         lines += ["", f"## {ds}", "", format_table(rows)]
+        if sidecar and sidecar.get(ds):
+            lines += ["", "Sidecar:", "", format_sidecar_table(sidecar[ds])]
     lines += ["", FOOTNOTES.rstrip()]
     if divergences:
         lines += ["", "## Outputs not identical to ar", "",
@@ -494,7 +603,7 @@ def _to_json(value):
     return value
 
 
-def _warm_up(engine, sample, prompt_ids, engine_methods, hf_peers, cfg: BenchConfig) -> None:
+def _warm_up(engine, sample, prompt_ids, engine_methods, hf_peers, cfg: BenchConfig, sidecar=None) -> None:
     """One short generation per method, not recorded, with throwaway drafters (first-call overheads:
     allocator, kernels, tokenizer caches)."""
     n = min(16, cfg.max_new_tokens)
@@ -504,20 +613,28 @@ def _warm_up(engine, sample, prompt_ids, engine_methods, hf_peers, cfg: BenchCon
     for m in engine_methods:
         if m == REFERENCE:
             continue
-        drafter = make_method(m)
+        drafter = make_method(m, sidecar)
         if m == ORACLE:
             drafter.set_reference(ref)
-        run_engine_method(engine, sample, prompt_ids, drafter, warm_cfg)
+        with _Threads(os.cpu_count() if m == ALL_CORES else None):
+            run_engine_method(engine, sample, prompt_ids, drafter, warm_cfg)
     for peer in hf_peers.values():
         peer.generate(prompt_ids, n)
 
 
-def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assistant_tokenizer=None) -> dict:
+def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assistant_tokenizer=None,
+                  sidecar=None) -> dict:
     """Run the benchmark, write its files under `cfg.out` and return {"summary", "out", "report"}.
 
-    `engine` / `assistant_model` may be given ready (tests); otherwise they are loaded from `cfg.target` /
-    `cfg.assistant`.
+    `engine` / `assistant_model` / `sidecar` (a SidecarClient) may be given ready (tests); otherwise they are
+    loaded from `cfg.target` / `cfg.assistant` / `cfg.sidecar_model`. The target runs with `cfg.threads`
+    torch threads (restored afterwards).
     """
+    with _Threads(cfg.threads):
+        return _run_benchmark(cfg, engine, assistant_model, assistant_tokenizer, sidecar)
+
+
+def _run_benchmark(cfg: BenchConfig, engine, assistant_model, assistant_tokenizer, sidecar) -> dict:
     import torch
     from tqdm.auto import tqdm
 
@@ -525,8 +642,6 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
     datasets = load_datasets(cfg)
     if cfg.budget < 1 or cfg.max_new_tokens < 1:
         raise BenchError("--budget and --max-new-tokens must be at least 1")
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     out = Path(cfg.out) if cfg.out else default_out_dir([*cfg.datasets, *cfg.data])
     out.mkdir(parents=True, exist_ok=True)
 
@@ -550,6 +665,24 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
             same_vocab = assistant_tokenizer is None or assistant_tokenizer.get_vocab() == engine.tokenizer.get_vocab()
             hf_peers[m] = HFPeer(engine, m, assistant_model, None if same_vocab else assistant_tokenizer)
 
+    own_sidecar = sidecar is None
+    if sidecar is None and any(m in SIDECAR_METHODS for m in methods):
+        from oospec.sidecar import SidecarClient
+
+        sidecar = SidecarClient(cfg.sidecar_model, threads=cfg.sidecar_threads, device=cfg.sidecar_device,
+                                dtype=cfg.dtype, adapter=cfg.sidecar_adapter)
+        if not sidecar.ready:
+            raise BenchError(f"the sidecar {cfg.sidecar_model!r} did not start: see the warning above")
+    target_threads = torch.get_num_threads()
+
+    def cores(m: str) -> str:
+        if m == ALL_CORES:
+            return str(os.cpu_count())
+        if m in SIDECAR_METHODS:
+            return f"{target_threads}+{cfg.sidecar_threads}" if cfg.sidecar_device == "cpu" else \
+                f"{target_threads}+{cfg.sidecar_device}"
+        return str(target_threads)
+
     header = {
         "command": cfg.command or command_line(cfg),
         "machine": machine_info(),
@@ -559,6 +692,9 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         "optimize": cfg.optimize,
         "kernels": kernels_note(cfg.optimize),
         "assistant": cfg.assistant if "hf-assisted" in methods else None,
+        "sidecar": {"model": cfg.sidecar_model, "adapter": cfg.sidecar_adapter, "threads": cfg.sidecar_threads,
+                    "device": cfg.sidecar_device} if sidecar is not None else None,
+        "target_threads": target_threads,
         "max_new_tokens": cfg.max_new_tokens,
         "budget": cfg.budget,
         "methods": methods,
@@ -571,7 +707,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
     if cfg.warmup:
         label, samples = datasets[0]
         s0 = samples[0]
-        _warm_up(engine, s0, engine.encode(s0.messages, s0.chat_tools()), engine_methods, hf_peers, cfg)
+        _warm_up(engine, s0, engine.encode(s0.messages, s0.chat_tools()), engine_methods, hf_peers, cfg, sidecar)
 
     records: list[dict] = []
     divergences: list[dict] = []
@@ -579,7 +715,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
     bar = tqdm(total=total, desc="bench", unit="gen", disable=not cfg.progress, file=sys.stderr)
     with open(out / "samples.jsonl", "w", encoding="utf-8") as jsonl:
         for label, samples in datasets:
-            drafters = {m: make_method(m) for m in engine_methods}
+            drafters = {m: make_method(m, sidecar) for m in engine_methods}
             for sample in samples:
                 prompt_ids = engine.encode(sample.messages, sample.chat_tools())
                 ref_tokens: np.ndarray | None = None
@@ -602,14 +738,18 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
                         drafter = drafters[m]
                         if m == ORACLE:
                             drafter.set_reference(ref_tokens)
-                        tokens, stats = run_engine_method(engine, sample, prompt_ids, drafter, cfg)
+                        with _Threads(os.cpu_count() if m == ALL_CORES else None):
+                            tokens, stats = run_engine_method(engine, sample, prompt_ids, drafter, cfg)
                     if m == REFERENCE:
                         ref_tokens, ref_prefill = tokens, stats["prefill_s"]
                     text = engine.tokenizer.decode(tokens, skip_special_tokens=True)
                     diff = first_difference(ref_tokens, tokens)
                     accurate, acc_note = _accuracy(sample, text)
-                    rec = {"dataset": label, "sample_id": sample.id, "method": m, **stats,
+                    rec = {"dataset": label, "sample_id": sample.id, "method": m, "cores": cores(m), **stats,
                            "identical": diff is None, "accurate": accurate, "text": text}
+                    if m in SIDECAR_METHODS:
+                        report = dict(drafters[m].report)
+                        rec["sidecar"] = {**report, **sidecar_agreement(report, sample, text)}
                     if diff is not None:
                         rec["first_diff"] = diff
                         div = {"dataset": label, "sample_id": sample.id, "method": m, "first_diff": diff,
@@ -625,14 +765,22 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
                     jsonl.flush()
                     bar.update(1)
     bar.close()
+    if sidecar is not None:
+        header["sidecar"]["faults"] = sidecar.stats.faults
+        if own_sidecar:
+            sidecar.close()
     header["elapsed_s"] = time.perf_counter() - t_start
 
     summary = summarize(records, methods)
-    report = format_report(summary, header, divergences)
+    sidecar_summary = summarize_sidecar(records)
+    report = format_report(summary, header, divergences, sidecar_summary)
     (out / "report.md").write_text(report, encoding="utf-8")
-    public = {ds: {m: {k: r[k] for k in ("n", "tau", "decode_speedup", "e2e_speedup", "e2e_ratio_mean",
+    public = {ds: {m: {k: r[k] for k in ("n", "cores", "tau", "decode_speedup", "e2e_speedup", "e2e_ratio_mean",
                                           "oracle_fraction", "identical_rate", "accuracy")}
                    for m, r in rows.items()} for ds, rows in summary.items()}
+    for ds, rows in sidecar_summary.items():
+        for m, r in rows.items():
+            public[ds][m]["sidecar"] = r
     (out / "summary.json").write_text(json.dumps(_to_json(public), indent=2) + "\n", encoding="utf-8")
     (out / "run.json").write_text(json.dumps(_to_json({**header, "divergences": divergences}), indent=2) + "\n",
                                   encoding="utf-8")
@@ -677,7 +825,12 @@ def command_line(cfg: BenchConfig) -> str:
         parts += ["--limit", str(cfg.limit)]
     parts += ["--max-new-tokens", str(cfg.max_new_tokens), "--budget", str(cfg.budget)]
     if cfg.threads:
-        parts += ["--threads", str(cfg.threads)]
+        parts += ["--target-threads", str(cfg.threads)]
+    if any(m in SIDECAR_METHODS for m in (cfg.methods if isinstance(cfg.methods, list) else cfg.methods.split(","))):
+        parts += ["--sidecar-model", cfg.sidecar_model, "--sidecar-threads", str(cfg.sidecar_threads),
+                  "--sidecar-device", cfg.sidecar_device]
+        if cfg.sidecar_adapter:
+            parts += ["--sidecar-adapter", cfg.sidecar_adapter]
     if cfg.out:
         parts += ["--out", str(cfg.out)]
     if "hf-assisted" in (cfg.methods if isinstance(cfg.methods, list) else cfg.methods.split(",")):

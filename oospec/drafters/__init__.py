@@ -9,6 +9,7 @@ from oospec.drafters.base import Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
+from oospec.drafters.sidecar import OoOSpecDrafter, SidecarDrafter
 from oospec.drafters.toolspec import ToolSpecDrafter
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
@@ -17,6 +18,8 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "schema": SchemaDrafter,
     "retrieval": RetrievalDrafter,
     "toolspec": ToolSpecDrafter,
+    "sidecar": SidecarDrafter,  # sidecar=SidecarClient(...): hints only
+    "oospec": OoOSpecDrafter,  # sidecar=SidecarClient(...): toolspec plus hints (toolspec alone without one)
 }
 
 

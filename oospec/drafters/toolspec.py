@@ -12,7 +12,7 @@ from oospec.drafters.base import Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
-from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel, build_tree
+from oospec.engine.budget import CostModel, build_tree, default_cost_model
 from oospec.engine.tree import TokenTree
 
 
@@ -23,9 +23,12 @@ class MergedDrafter(Drafter):
 
     def __init__(self, parts: list[Drafter], cost: CostModel | None = None):
         self.parts = parts
-        self.cost = cost if cost is not None else CostModel.from_curve(DEFAULT_CPU_CURVE)
+        self._fixed_cost = cost
+        self.cost = cost
 
     def start(self, request: Request) -> None:
+        # Without a given curve, the measured one for the thread count of this request.
+        self.cost = self._fixed_cost if self._fixed_cost is not None else default_cost_model()
         for part in self.parts:
             part.start(request)
 

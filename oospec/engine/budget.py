@@ -22,6 +22,10 @@ from oospec.engine.tree import ROOT, TokenTree
 # measured by `python -m oospec.bench.kernel_study` (oospec/bench/cost_curve_study.md). Serving hardware
 # should use its own curve: `oospec bench cost-curve --out curve.json`, then CostModel.from_json.
 DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.14, 16: 1.33, 32: 2.38, 64: 4.06}
+# The same with one thread (the target's share when the sidecar has the other core): c(1) is unchanged
+# (0.290 s vs 0.286 s: decoding one token is memory-bound) but wide forwards cost more.
+# `python -m oospec.bench.kernel_study --sections curve --threads 1 --ks 1,2,4,8,16,32`.
+ONE_THREAD_CPU_CURVE = {1: 1.0, 2: 1.06, 4: 1.09, 8: 1.48, 16: 2.08, 32: 3.67}
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,13 @@ class CostModel:
             slope = (self.ratios[-1] - self.ratios[-2]) / (self.ks[-1] - self.ks[-2])
             inside = np.where(k > self.ks[-1], self.ratios[-1] + slope * (k - self.ks[-1]), inside)
         return inside
+
+
+def default_cost_model() -> CostModel:
+    """The measured CPU curve for the torch thread count in use now."""
+    import torch
+
+    return CostModel.from_curve(ONE_THREAD_CPU_CURVE if torch.get_num_threads() == 1 else DEFAULT_CPU_CURVE)
 
 
 def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None) -> TokenTree:

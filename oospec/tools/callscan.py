@@ -78,6 +78,8 @@ class CallScanner:
         self.scalar = ""
         self.ws = ""
         self.last_punct = ""
+        self.call_chars: list[str] = []  # the call being written, from its `{` (what hints align against)
+        self.arg_value_start: int | None = None  # index in call_chars where the current argument value began
 
     @property
     def depth(self) -> int:
@@ -88,6 +90,8 @@ class CallScanner:
             self._feed_char(ch)
 
     def _feed_char(self, ch: str) -> None:
+        if self.stack:
+            self.call_chars.append(ch)
         if self.in_string:
             if self.escape:
                 self.escape = False
@@ -105,6 +109,8 @@ class CallScanner:
                 if self.calls_done == 0:
                     self.opener = self.outside
                 self.outside = ""
+                self.call_chars = ["{"]
+                self.arg_value_start = None
                 self.stack.append(Frame("call", "{", "key"))
                 self.last_punct, self.ws = "{", ""
             else:
@@ -123,6 +129,10 @@ class CallScanner:
             self.style.after[(self.last_punct, self.depth)] = self.ws
         self.last_punct = ""
         self.ws = ""
+        if frame.role == "args" and frame.expect == "value" and self.arg_value_start is None:
+            self.arg_value_start = len(self.call_chars) - 1
+        elif frame.role == "args" and frame.expect != "value":
+            self.arg_value_start = None
         if self.scalar and ch in ",}]":
             self._end_scalar()
         if ch == '"':

@@ -1,0 +1,243 @@
+"""`sidecar` and `oospec`: hints from the out-of-order sidecar, aligned with the call the target is writing.
+
+The sidecar's payload (function and slot values) arrives whenever it arrives; until then this drafter
+proposes nothing and `oospec` drafts exactly as `toolspec`. Once it is there, the payload is rendered in
+the target's own dialect and whitespace (learned by the schema drafter's scanner) and aligned with what the
+target has written:
+
+- while the written call is a prefix of the rendered hint, the rest of the hint is proposed, through the
+  closing braces, the learned closer and end of turn;
+- after a mismatch, alignment resumes at the next key or value boundary: once the target starts a key the
+  hint knows, its value and the remaining slots are proposed; once a value is finished, the remaining slots
+  in the hint's order.
+Alternative functions in the payload become extra branches of the same token tree.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+from oospec.drafters.base import Candidate, Drafter, Request
+from oospec.drafters.pld import PromptLookupDrafter
+from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
+from oospec.drafters.schema import DIALECT_ARGS_KEY, DIALECT_OPENERS, SchemaDrafter
+from oospec.drafters.toolspec import MergedDrafter
+from oospec.engine.budget import CostModel
+from oospec.sidecar.predictor import Job
+from oospec.sidecar.protocol import Guess, Payload
+from oospec.tools.callscan import CallScanner, Style
+from oospec.tools.schema import Tool, to_openai
+
+
+class HintRenderer:
+    """A guessed call as the target would write it, in its learned whitespace."""
+
+    def __init__(self, style: Style, args_key: str, tool: Tool):
+        self.style, self.args_key, self.tool = style, args_key, tool
+
+    def value(self, v: Any) -> str:
+        return json.dumps(v, ensure_ascii=False, separators=("," + self.style.ws(",", 3), ":" + self.style.ws(":", 3)))
+
+    def item(self, key: str, v: Any) -> str:
+        return f'"{key}":' + self.style.ws(":", 2) + self.value(v)
+
+    def close(self) -> str:
+        return self.style.close(2) + "}" + self.style.close(1) + "}"
+
+    def call(self, guess: Guess) -> str:
+        ws = self.style.ws
+        head = "{" + ws("{", 1) + '"name":' + ws(":", 1) + f'"{guess.function}",' + ws(",", 1)
+        head += f'"{self.args_key}":' + ws(":", 1) + "{"
+        return head + self.remaining(guess, set(), first_sep=ws("{", 2))
+
+    def remaining(self, guess: Guess, written: set[str], first_sep: str | None = None) -> str:
+        """The slots not yet written, in the hint's order, then the closing braces. A required slot the hint
+        has no value for ends the text after its key: the value is the target's to write."""
+        out = []
+        for p in self.tool.parameters:
+            if p.name in written:
+                continue
+            sep = first_sep if first_sep is not None and not out else "," + self.style.ws(",", 2)
+            if p.name in guess.arguments:
+                out.append(sep + self.item(p.name, guess.arguments[p.name]))
+            elif p.name in self.tool.required:
+                out.append(sep + f'"{p.name}":' + self.style.ws(":", 2))
+                return "".join(out)
+        # Slots the hint has but the schema lists in another order were rendered above in schema order.
+        return "".join(out) + self.close()
+
+
+class SidecarDrafter(Drafter):
+    """Proposes the rest of the call from the sidecar's payload. Shares the schema drafter's scanner."""
+
+    name = "sidecar"
+
+    def __init__(self, sidecar=None, schema: SchemaDrafter | None = None, max_tokens: int = 96,
+                 confidence: float = 0.9, alternative_confidence: float = 0.35):
+        self.sidecar = sidecar  # a SidecarClient (or anything with submit/poll)
+        self.schema = schema
+        self._owns_schema = schema is None
+        if schema is None:
+            self.schema = SchemaDrafter()
+        self.max_tokens = max_tokens
+        self.confidence = confidence
+        self.alternative_confidence = alternative_confidence
+        self.ticket = None
+        self.payload: Payload | None = None
+        self.report: dict = {}
+
+    # -- request lifecycle ---------------------------------------------------------------------------------
+    def start(self, request: Request) -> None:
+        if self._owns_schema:
+            self.schema.start(request)
+        self.request = request
+        self.prompt_len = int(np.asarray(request.prompt_ids).size)
+        self.payload = None
+        self.ticket = None
+        self.report = {"submitted": False}
+        self.renderers: dict[str, HintRenderer] = {}
+        if self.sidecar is None or not self.schema.active:
+            return
+        dialect = request.dialect or "hermes"
+        habits = self.schema.habits
+        tools = self.schema.tools
+        self.args_key = habits.args_key or DIALECT_ARGS_KEY.get(dialect, "arguments")
+        opener = habits.openers[0] if habits.openers else DIALECT_OPENERS.get(dialect, ("",))[0]
+        chat_tools = request.meta.get("chat_tools")
+        if chat_tools is None and dialect not in ("apibank",):  # tools went through the chat template
+            chat_tools = [to_openai(t) for t in tools]
+        job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
+                  tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
+                  args_key=self.args_key)
+        self.submitted_at = time.time()
+        self.ticket = self.sidecar.submit(job, tools)
+        self.report["submitted"] = self.ticket is not None
+
+    def observe(self, produced: np.ndarray) -> None:
+        if self._owns_schema:
+            self.schema.observe(produced)
+
+    def finish(self) -> None:
+        if self._owns_schema:
+            self.schema.finish()
+        if self.ticket is not None and self.payload is None:
+            payload = self.sidecar.poll(self.ticket)  # an answer that came too late is still reported
+            self.report["fault"] = getattr(self.ticket, "fault", None)
+            if payload is not None:
+                self._record_arrival(payload, tokens_written=None)
+
+    def _record_arrival(self, payload: Payload, tokens_written: int | None) -> None:
+        self.report.update(
+            arrived=tokens_written is not None, tokens_written_at_arrival=tokens_written,
+            latency_s=round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None,
+            compute_s=payload.compute_s, payload_bytes=payload.size_bytes, function=payload.best.function,
+            arguments=payload.best.arguments, alternatives=[g.function for g in payload.alternatives],
+            dropped=list(payload.dropped))
+
+    def _poll(self, context: np.ndarray) -> Payload | None:
+        if self.payload is None and self.ticket is not None:
+            payload = self.sidecar.poll(self.ticket)
+            if payload is not None:
+                self.payload = payload
+                self._record_arrival(payload, int(context.size) - self.prompt_len)
+                tools = {t.name: t for t in self.schema.tools}
+                self.renderers = {g.function: HintRenderer(self.schema.habits.style, self.args_key,
+                                                           tools[g.function]) for g in payload.guesses}
+        return self.payload
+
+    # -- drafting ------------------------------------------------------------------------------------------
+    def candidates(self, context: np.ndarray) -> list[Candidate]:
+        payload = self._poll(context)
+        if payload is None or not self.schema.active:
+            return []
+        schema = self.schema
+        habits = schema.habits
+        eos = habits.eos_id if habits.eos_id is not None else min(schema.eos_ids, default=None)
+        closer = habits.closers[0] if habits.closers else None
+        out = []
+        for rank, guess in enumerate(payload.guesses):
+            text = self.rest_of_call(schema.scanner, guess)
+            if not text:
+                continue
+            end_of_turn = closer is not None and schema.scanner.calls_done == 0
+            if end_of_turn:
+                text += closer
+            ids = schema.encoder.continue_after(context, text)[: self.max_tokens]
+            if end_of_turn and eos is not None and ids.size < self.max_tokens:
+                ids = np.append(ids, eos)
+            conf = self.confidence if rank == 0 else self.alternative_confidence
+            out.append(Candidate(ids, conf, 0.97))
+        return out
+
+    def rest_of_call(self, scan: CallScanner, guess: Guess) -> str | None:
+        """The text from the current position to the end of the call if `guess` is right, or None where
+        the hint cannot be aligned (another function, a value that already differs)."""
+        render = self.renderers.get(guess.function)
+        if render is None or scan.calls_done > 0:
+            return None
+        full = render.call(guess)
+        if not scan.stack:
+            written = scan.outside
+            for opener in self.schema.habits.openers + list(DIALECT_OPENERS.get(self.request.dialect or "hermes", ())):
+                text = opener + full
+                if text.startswith(written) and len(text) > len(written):
+                    return text[len(written):]
+            return None
+        if scan.name is not None and scan.name != guess.function:
+            return None
+        written = "".join(scan.call_chars)
+        if full.startswith(written):
+            return full[len(written):]
+        # Re-align at the next key or value boundary of the arguments object.
+        if len(scan.stack) < 2 or scan.stack[1].role != "args" or scan.name != guess.function:
+            return None
+        args = scan.stack[1]
+        keys = set(args.keys)
+        if len(scan.stack) == 2 and scan.in_string and scan.string_role == "key":
+            prefix = "".join(scan.buf)
+            for p in render.tool.parameters:
+                if p.name not in keys and p.name in guess.arguments and p.name.startswith(prefix):
+                    item = render.item(p.name, guess.arguments[p.name])
+                    return item[1 + len(prefix):] + render.remaining(guess, keys | {p.name})
+            return None
+        if len(scan.stack) == 2 and args.expect == "key":  # after `{` or `,`, and perhaps some whitespace
+            want = render.style.ws("{" if not keys else ",", 2)
+            return render.remaining(guess, keys, first_sep=want[len(scan.ws):] if want.startswith(scan.ws) else "")
+        if len(scan.stack) == 2 and args.expect == "comma":
+            return render.remaining(guess, keys)
+        if len(scan.stack) == 2 and args.expect == "colon":
+            key = args.keys[-1] if args.keys else None
+            if key not in guess.arguments:
+                return None
+            return ":" + render.style.ws(":", 2) + render.value(guess.arguments[key]) + render.remaining(guess, keys)
+        # Inside a value: continue it only if what is written so far is the start of the hinted value.
+        key = args.keys[-1] if args.keys else None
+        if key not in guess.arguments:
+            return None
+        value = render.value(guess.arguments[key])
+        if scan.arg_value_start is None:
+            return render.style.ws(":", 2)[len(scan.ws):] + value + render.remaining(guess, keys)
+        so_far = "".join(scan.call_chars[scan.arg_value_start:])
+        if value.startswith(so_far) and len(value) > len(so_far):
+            return value[len(so_far):] + render.remaining(guess, keys)
+        return None
+
+
+class OoOSpecDrafter(MergedDrafter):
+    """`oospec`: toolspec's drafters plus the out-of-order sidecar's hints, in one token tree."""
+
+    name = "oospec"
+
+    def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None):
+        schema = SchemaDrafter()
+        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema)
+        super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
+
+    @property
+    def report(self) -> dict:
+        return self.sidecar_drafter.report

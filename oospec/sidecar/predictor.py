@@ -1,0 +1,411 @@
+"""The sidecar predictor: a small model that guesses the whole call in one parallel job.
+
+Not a free-running generation of the call. The prompt is encoded once; then
+1. the function: every tool name is scored as a continuation of `{"name": "` in one batch (one row per
+   name, the prompt's cache shared by all rows); the choice follows the sidecar's own greedy path through
+   the names, and the runner-up is kept when it is close;
+2. the slots: one row per argument of the chosen function(s), each primed with its own key
+   (`{"name": "F", "arguments": {"key": `) and the value's opening by type, all decoded greedily as one
+   batch, each row stopping when its JSON value is complete. Latency grows with the longest slot, not
+   with the number of slots.
+
+The task format (how a request is rendered, what each row is primed with) is `TaskFormat`; training
+(`oospec sidecar train`) writes its rows through the same class, so the trained adapter sees exactly the
+queries it was trained on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache
+
+from oospec.engine.target import SlotLayer
+from oospec.sidecar.protocol import Guess, encode_payload
+from oospec.tools.schema import Param, Tool, tools_from_openai
+from oospec.tools.tokens import TokenBytes
+
+VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request as the sidecar sees it (plain data: it crosses a process boundary)."""
+
+    request_id: str
+    messages: list[dict]
+    tools: list[dict]  # OpenAI-style tool specs (what the sidecar may predict)
+    chat_tools: list[dict] | None = None  # tools as the request's chat template got them (None: in the prompt)
+    opener: str = ""  # text the target writes before the call object (e.g. "<tool_call>\n")
+    args_key: str = "arguments"
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Job:
+        return cls(**d)
+
+
+class TaskFormat:
+    """How the sidecar is queried: the prompt, then one primed assistant prefix per row."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    def prompt(self, job: Job) -> str:
+        return self.tokenizer.apply_chat_template(job.messages, tools=job.chat_tools or None,
+                                                  add_generation_prompt=True, tokenize=False)
+
+    def function_prefix(self, job: Job) -> str:
+        return job.opener + '{"name": "'
+
+    def function_row(self, job: Job, name: str) -> str:
+        # Through the arguments key: every row ends the same natural way, so no name is penalised for an
+        # unnatural token split at its closing quote.
+        return self.function_prefix(job) + name + f'", "{job.args_key}":'
+
+    def slot_prefix(self, job: Job, function: str, param: Param) -> str:
+        return (self.function_prefix(job) + function + f'", "{job.args_key}": {{"{param.name}": '
+                + VALUE_OPENERS.get(param.type, ""))
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+
+def json_value_end(text: str) -> int | None:
+    """Where the first JSON value in `text` ends (exclusive), or None while it is incomplete."""
+    i = len(text) - len(text.lstrip())
+    if i >= len(text):
+        return None
+    first = text[i]
+    if first == '"':
+        escaped = False
+        for j in range(i + 1, len(text)):
+            ch = text[j]
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                return j + 1
+        return None
+    if first in "[{":
+        depth, in_str, escaped = 0, False, False
+        for j in range(i, len(text)):
+            ch = text[j]
+            if in_str:
+                if escaped:
+                    escaped = False
+                elif ch == "\\":
+                    escaped = True
+                elif ch == '"':
+                    in_str = False
+            elif ch == '"':
+                in_str = True
+            elif ch in "[{":
+                depth += 1
+            elif ch in "]}":
+                depth -= 1
+                if depth == 0:
+                    return j + 1
+        return None
+    for j in range(i, len(text)):
+        if text[j] in ",}]\n\r\t " and j > i:
+            return j
+    return None
+
+
+class RowRunner:
+    """Batched forwards of a causal LM over rows that share one cached prefix.
+
+    Rows are right-aligned after the prefix (left padding); pads attend to the prefix only, so they stay
+    finite and are never attended to by real tokens."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.neg = torch.finfo(self.dtype).min
+        self.prefix_ids: list[int] = []
+        self._prefix_layers: list[SlotLayer] = []
+        self.prefix_logits: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def encode_prefix(self, ids: Sequence[int]) -> None:
+        """Run the shared prefix once (batch 1) and keep its keys and values."""
+        ids = list(ids)
+        if ids == self.prefix_ids:
+            return
+        n = len(ids)
+        layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
+        x = torch.tensor([ids], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, position_ids=torch.arange(n, device=self.device)[None], use_cache=True,
+                         cache=Cache(layers=layers), logits_to_keep=1)
+        for layer in layers:
+            layer.keep(None, n)
+        self.prefix_ids, self._prefix_layers = ids, layers
+        self.prefix_logits = out.logits[0, -1].float()
+
+    def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
+        s = len(self.prefix_ids)
+        layers = []
+        for src in self._prefix_layers:
+            layer = SlotLayer(capacity)
+            _, h, _, d = src.keys.shape
+            layer.keys = src.keys.new_empty((rows, h, capacity, d))
+            layer.values = src.values.new_empty((rows, src.values.shape[1], capacity, src.values.shape[-1]))
+            layer.keys[:, :, :s] = src.keys[:, :, :s]
+            layer.values[:, :, :s] = src.values[:, :, :s]
+            layer.device, layer.is_initialized, layer.length = self.device, True, s
+            layers.append(layer)
+        return Cache(layers=layers), layers
+
+    @torch.inference_mode()
+    def run(self, suffixes: Sequence[Sequence[int]], steps: int = 0, keep_all_logits: bool = False,
+            stop=None):
+        """Feed each row its suffix after the prefix, then decode greedily up to `steps` tokens per row.
+
+        Returns (suffix log-probs: list of (len,) arrays of each suffix token's log-probability, generated
+        ids: (rows, <=steps) array). `stop(row, ids) -> bool` ends a row early (all rows ended: stop)."""
+        r = len(suffixes)
+        lens = np.array([len(s) for s in suffixes])
+        width = int(lens.max())
+        s = len(self.prefix_ids)
+        cache, layers = self._row_cache(r, s + width + steps)
+        ids = np.zeros((r, width), dtype=np.int64)
+        pos = np.zeros((r, width), dtype=np.int64)
+        real = np.zeros((r, width), dtype=bool)
+        for i, suf in enumerate(suffixes):
+            ids[i, width - len(suf):] = suf
+            pos[i, width - len(suf):] = s + np.arange(len(suf))
+            pos[i, : width - len(suf)] = s
+            real[i, width - len(suf):] = True
+        # (r, 1, width, s+width): the prefix for everyone; causal among a row's real tokens.
+        mask = torch.zeros((r, 1, width, s + width), dtype=self.dtype)
+        causal = np.tril(np.ones((width, width), dtype=bool))
+        allowed = causal[None] & real[:, None, :]
+        mask[:, 0, :, s:] = torch.where(torch.from_numpy(allowed), 0.0, self.neg).to(self.dtype)
+        out = self.model(input_ids=torch.from_numpy(ids).to(self.device),
+                         position_ids=torch.from_numpy(pos).to(self.device), attention_mask=mask.to(self.device),
+                         use_cache=True, cache=cache, logits_to_keep=0 if keep_all_logits else 1)
+        for layer in layers:
+            layer.keep(None, width)
+        logits = out.logits.float()
+        logprobs = []
+        if keep_all_logits:
+            lsm = torch.log_softmax(logits, -1)
+            first = torch.log_softmax(self.prefix_logits, -1)
+            for i, suf in enumerate(suffixes):
+                off = width - len(suf)
+                lp = [float(first[suf[0]])] + [float(lsm[i, off + j - 1, suf[j]]) for j in range(1, len(suf))]
+                logprobs.append(np.array(lp))
+        generated = np.zeros((r, steps), dtype=np.int64)
+        if steps == 0:
+            return logprobs, generated
+        done = np.zeros(r, dtype=bool)
+        kv_real = np.concatenate([np.ones((r, s), dtype=bool), real], axis=1)
+        next_ids = logits[:, -1].argmax(-1).cpu().numpy()
+        next_pos = s + lens
+        for t in range(steps):
+            generated[:, t] = next_ids
+            for i in np.flatnonzero(~done):
+                if stop is not None and stop(i, generated[i, : t + 1]):
+                    done[i] = True
+            if done.all() or t == steps - 1:
+                return logprobs, generated[:, : t + 1]
+            kv_real = np.concatenate([kv_real, np.ones((r, 1), dtype=bool)], axis=1)
+            step_mask = torch.where(torch.from_numpy(kv_real), 0.0, self.neg).to(self.dtype).view(r, 1, 1, -1)
+            out = self.model(input_ids=torch.from_numpy(next_ids).view(r, 1).to(self.device),
+                             position_ids=torch.from_numpy(next_pos + t).view(r, 1).to(self.device),
+                             attention_mask=step_mask.to(self.device), use_cache=True, cache=cache)
+            for layer in layers:
+                layer.keep(None, 1)
+            next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()
+        return logprobs, generated
+
+
+def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
+    first = rows[0]
+    n = min(len(r) for r in rows)
+    for i in range(n):
+        t = first[i]
+        if any(r[i] != t for r in rows):
+            return i
+    return n
+
+
+class SidecarPredictor:
+    """Predicts a tool call's function and slot values with a small causal LM (see the module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 40,
+                 alternative_margin: float = 2.0, max_alternatives: int = 2, max_slot_rows: int = 24):
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.format = TaskFormat(tokenizer)
+        self.runner = RowRunner(model)
+        self.token_bytes = TokenBytes(tokenizer)
+        self.max_value_tokens = max_value_tokens
+        self.alternative_margin = alternative_margin  # keep the runner-up within this many nats of the best
+        self.max_slot_rows = max_slot_rows
+        self.max_alternatives = max_alternatives
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self.stop_ids = set(getattr(tokenizer, "all_special_ids", []) or []) | ({eos} if eos is not None else set())
+
+    @classmethod
+    def from_pretrained(cls, name_or_path: str, *, dtype: str = "auto", device: str = "cpu", adapter: str | None = None,
+                        optimize: bool = True, **kwargs) -> SidecarPredictor:
+        from oospec.models.loading import load_model
+
+        model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
+        if adapter:
+            from peft import PeftModel
+
+            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        if optimize and str(device).startswith("cpu"):
+            from oospec.engine.cpu_kernels import optimize_for_cpu
+
+            optimize_for_cpu(model)
+        return cls(model, tokenizer, **kwargs)
+
+    # -- the job -------------------------------------------------------------------------------------------
+    def predict(self, job: Job) -> bytes:
+        """The compact JSON payload for `job`."""
+        t0 = time.perf_counter()
+        tools = tools_from_openai(job.tools) if job.tools else []
+        if not tools:
+            raise ValueError("the request offers no tools to predict")
+        guesses = self.guess(job, tools)
+        return encode_payload(job.request_id, guesses, time.perf_counter() - t0, time.time())
+
+    def guess(self, job: Job, tools: Sequence[Tool]) -> list[Guess]:
+        prompt = self.format.prompt(job)
+        names = [t.name for t in tools]
+        rows = [self.format.encode(prompt + self.format.function_row(job, n)) for n in names]
+        probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
+                 for t in tools if t.parameters]
+        shared = min(common_prefix_len(rows + probe), min(len(r) for r in rows + probe) - 1)
+        self.runner.encode_prefix(rows[0][:shared])
+        if len(tools) == 1:
+            chosen = [(0, 0.0)]
+        else:
+            logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
+            chosen = self.rank_functions(rows, shared, logprobs)
+        return self.fill_slots(job, prompt, [(tools[i], score) for i, score in chosen])
+
+    def rank_functions(self, rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> list[tuple[int, float]]:
+        """[(tool index, score)]: the sidecar's greedy path through the names, then the runner-up if close."""
+        totals = np.array([lp.sum() for lp in logprobs])
+        alive = list(range(len(rows)))
+        depth = 0
+        while len(alive) > 1:
+            # Rows still tied diverge here: follow the likeliest next token, as greedy decoding would.
+            at = [(rows[i][shared + depth] if shared + depth < len(rows[i]) else -1) for i in alive]
+            if len(set(at)) == 1:
+                depth += 1
+                continue
+            best_lp = max(logprobs[i][depth] for i, t in zip(alive, at) if t >= 0)
+            alive = [i for i, t in zip(alive, at) if t >= 0 and logprobs[i][depth] == best_lp]
+            depth += 1
+        best = alive[0]
+        out = [(best, float(totals[best]))]
+        floor = max(totals[best], totals.max()) - self.alternative_margin
+        others = [int(i) for i in np.argsort(-totals) if i != best and totals[i] >= floor]
+        return out + [(i, float(totals[i])) for i in others[: self.max_alternatives]]
+
+    def fill_slots(self, job: Job, prompt: str, chosen: list[tuple[Tool, float]]) -> list[Guess]:
+        slots = [(tool, p) for tool, _ in chosen for p in tool.parameters][: self.max_slot_rows]
+        closed = [(t, p) for t, p in slots if closed_options(p)]
+        free = [(t, p) for t, p in slots if not closed_options(p)]
+        values = {**self.decode_free(job, prompt, free), **self.choose_closed(job, prompt, closed)}
+        return [Guess(tool.name, {p.name: values[(tool.name, p.name)] for p in tool.parameters
+                                  if (tool.name, p.name) in values}, score if math.isfinite(score) else 0.0)
+                for tool, score in chosen]
+
+    def _rows_after_prefix(self, rows: list[list[int]]) -> list[list[int]]:
+        prefix = self.runner.prefix_ids
+        if any(r[: len(prefix)] != prefix or len(r) <= len(prefix) for r in rows):
+            # Tokenization merged across the cached boundary: share what these rows do share.
+            self.runner.encode_prefix(rows[0][: min(common_prefix_len(rows), min(map(len, rows)) - 1)])
+            prefix = self.runner.prefix_ids
+        return [r[len(prefix):] for r in rows]
+
+    def decode_free(self, job: Job, prompt: str, slots: list[tuple[Tool, Param]]) -> dict:
+        """Strings, numbers, arrays, objects: one row each, decoded greedily together until each value ends."""
+        if not slots:
+            return {}
+        rows = self._rows_after_prefix([self.format.encode(prompt + self.format.slot_prefix(job, t.name, p))
+                                        for t, p in slots])
+        openers = [VALUE_OPENERS.get(p.type, "") for _, p in slots]
+        texts: list[str | None] = [None] * len(slots)
+
+        def stop(i: int, ids: np.ndarray) -> bool:
+            if int(ids[-1]) in self.stop_ids:
+                return True
+            text = openers[i] + self.token_bytes.join(ids).decode("utf-8", errors="ignore")
+            end = json_value_end(text)
+            if end is not None:
+                texts[i] = text[:end]
+            return end is not None
+
+        self.runner.run(rows, steps=self.max_value_tokens, stop=stop)
+        values = {}
+        for (tool, p), text in zip(slots, texts):
+            if text is None:
+                continue
+            try:
+                value = typed(json.loads(text), p)
+            except (json.JSONDecodeError, ValueError):
+                continue
+            if value is None and p.name not in tool.required:
+                continue  # the sidecar says this optional slot is left out
+            values[(tool.name, p.name)] = value
+        return values
+
+    def choose_closed(self, job: Job, prompt: str, slots: list[tuple[Tool, Param]]) -> dict:
+        """Booleans and enums: every option scored as a row, in one batch; the likeliest wins."""
+        if not slots:
+            return {}
+        owners, texts = [], []
+        for i, (tool, p) in enumerate(slots):
+            base = self.format.slot_prefix(job, tool.name, p)
+            base = base[: len(base) - len(VALUE_OPENERS.get(p.type, ""))]
+            for option in closed_options(p):
+                owners.append((i, option))
+                texts.append(prompt + base + json.dumps(option, ensure_ascii=False) + "}")
+        rows = self._rows_after_prefix([self.format.encode(t) for t in texts])
+        logprobs, _ = self.runner.run(rows, keep_all_logits=True)
+        best: dict[int, tuple[float, Any]] = {}
+        for (i, option), lp in zip(owners, logprobs):
+            score = float(lp.sum())
+            if i not in best or score > best[i][0]:
+                best[i] = (score, option)
+        return {(slots[i][0].name, slots[i][1].name): option for i, (_, option) in best.items()}
+
+
+def closed_options(p: Param) -> list:
+    """The few values a slot can take, when the schema says so (booleans, enums); [] otherwise."""
+    if p.enum:
+        return list(p.enum)[:16]
+    if p.type == "boolean":
+        return [True, False]
+    return []
+
+
+def typed(value: Any, p: Param) -> Any:
+    """A decoded value as the schema types it (an integral 3.0 for an integer slot is 3), or ValueError."""
+    if value is None:
+        return None
+    if p.type == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    ok = {"string": str, "integer": int, "number": (int, float), "array": list, "object": dict}.get(p.type)
+    if ok is not None and (not isinstance(value, ok) or isinstance(value, bool)):
+        raise ValueError(f"{p.name}: {value!r} is not {p.type}")
+    return value

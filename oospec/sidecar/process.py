@@ -1,0 +1,263 @@
+"""The sidecar in its own OS process, and the engine's non-blocking client for it.
+
+The worker loads the predictor once, then answers jobs one at a time. It has its own thread budget (set
+before torch starts in the child) or its own device. The client never blocks the decode loop: `submit`
+writes a job to a pipe, `poll` reads an answer only if one is already there. A job that is superseded
+before the worker gets to it is skipped.
+
+Faults are contained here: a worker that dies is noticed on the next `poll`/`submit` and restarted for the
+next request (a bounded number of times); one that hangs past `hang_timeout_s` is killed and restarted;
+answers are checked by `parse_payload` before anything is built from them. Each kind of fault is logged
+once per client.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from multiprocessing.connection import Connection
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from oospec.sidecar.predictor import Job
+from oospec.sidecar.protocol import Payload, PayloadError, parse_payload
+from oospec.tools.schema import Tool
+
+log = logging.getLogger("oospec.sidecar")
+
+DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"
+
+
+def make_predictor(model: str = DEFAULT_SIDECAR, dtype: str = "auto", device: str = "cpu", adapter: str | None = None,
+                   **kwargs):
+    from oospec.sidecar.predictor import SidecarPredictor
+
+    return SidecarPredictor.from_pretrained(model, dtype=dtype, device=device, adapter=adapter, **kwargs)
+
+
+@dataclass
+class Ticket:
+    """One submitted job, and what became of it."""
+
+    request_id: str
+    tools: Sequence[Tool]
+    submitted_at: float  # time.time()
+    payload: Payload | None = None
+    fault: str | None = None
+    received_at: float | None = None
+
+
+@dataclass
+class SidecarStats:
+    submitted: int = 0
+    answered: int = 0
+    faults: dict[str, int] = field(default_factory=dict)
+    restarts: int = 0
+
+
+class SidecarClient:
+    """Runs a sidecar predictor in a child process; `submit` and `poll` never wait for it.
+
+    model: a model name or folder (default qwen2.5-coder-0.5b). threads: torch threads of the child.
+    device: its device ("cpu", "cuda:1", ...). factory: 'module:callable' building the predictor in the
+    child (default: SidecarPredictor.from_pretrained), for custom or test predictors.
+    """
+
+    def __init__(self, model: str = DEFAULT_SIDECAR, *, threads: int | None = 1, device: str = "cpu",
+                 dtype: str = "auto", adapter: str | None = None, factory: str = "oospec.sidecar.process:make_predictor",
+                 factory_options: dict | None = None, hang_timeout_s: float = 120.0, max_restarts: int = 3,
+                 wait_ready: bool = True, ready_timeout_s: float = 600.0):
+        self.model = model
+        self.threads = threads
+        self.device = device
+        self.factory = factory
+        options = {"model": model, "dtype": dtype, "device": device, "adapter": adapter}
+        self.options = factory_options if factory_options is not None else options
+        self.hang_timeout_s = hang_timeout_s
+        self.max_restarts = max_restarts
+        self.stats = SidecarStats()
+        self._logged: set[str] = set()
+        self._proc: subprocess.Popen | None = None
+        self._conn = None
+        self._ready = False
+        self._busy_since: float | None = None
+        self._current: Ticket | None = None
+        self._closed = False
+        self._start()
+        if wait_ready:
+            self.wait_ready(ready_timeout_s)
+
+    # -- process lifecycle ---------------------------------------------------------------------------------
+    def _start(self) -> None:
+        # A fresh interpreter (not multiprocessing's spawn, which re-imports the caller's main module and so
+        # needs an `if __name__ == "__main__"` guard in every user script), joined by a socket pair.
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        if self.threads:
+            # The child's OpenMP pool is sized at import: set it before the child starts.
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
+        env["OMP_WAIT_POLICY"] = "PASSIVE"  # an idle sidecar must not spin on the target's cores
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same imports as this process
+        cmd = [sys.executable, "-m", "oospec.sidecar.worker", "--fd", str(child.fileno()), "--factory", self.factory,
+               "--options", json.dumps(self.options), "--threads", str(self.threads or 0)]
+        self._proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        self._conn, self._ready, self._busy_since = Connection(parent.detach()), False, None
+
+    def wait_ready(self, timeout_s: float = 600.0) -> bool:
+        """Block until the worker has loaded its model (start-up only, never inside a request)."""
+        deadline = time.monotonic() + timeout_s
+        while not self._ready and not self._closed:
+            if not self._alive():
+                self._fault("crashed", "the sidecar process exited while loading")
+                return False
+            if self._conn.poll(min(0.5, max(0.0, deadline - time.monotonic()))):
+                self._drain()
+            if time.monotonic() > deadline:
+                self._fault("load-timeout", f"the sidecar did not load within {timeout_s:.0f} s")
+                return False
+        return self._ready
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def _alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def _restart(self, why: str) -> bool:
+        if self.stats.restarts >= self.max_restarts:
+            self._fault("gave-up", f"the sidecar failed {self.stats.restarts + 1} times ({why}); running without it")
+            self._kill()
+            self._closed = True
+            return False
+        self.stats.restarts += 1
+        self._kill()
+        self._start()
+        return True
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait(timeout=10)
+        if self._conn is not None:
+            self._conn.close()
+        self._proc = self._conn = None
+
+    def close(self) -> None:
+        if self._closed and self._proc is None:
+            return
+        self._closed = True
+        if self._conn is not None and self._alive():
+            try:
+                self._conn.send(None)
+                self._proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    def __enter__(self) -> SidecarClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def submit(self, job: Job | dict, tools: Sequence[Tool]) -> Ticket | None:
+        """Send a job (never waits). Returns its ticket, or None when the sidecar is unavailable."""
+        job = job if isinstance(job, Job) else Job(**job)
+        if self._closed:
+            return None
+        self._drain()  # answers already sent count before judging the worker hung
+        if self._proc is not None and not self._alive():
+            self._fault("crashed", f"the sidecar process exited (code {self._proc.returncode}); restarting it")
+            if not self._restart("crashed"):
+                return None
+        elif self._busy_since is not None and time.monotonic() - self._busy_since > self.hang_timeout_s:
+            self._fault("hang", f"the sidecar has not answered for {self.hang_timeout_s:.0f} s; restarting it")
+            if not self._restart("hang"):
+                return None
+        ticket = Ticket(job.request_id or uuid.uuid4().hex, tools, time.time())
+        try:
+            self._conn.send(job.to_dict())
+        except (OSError, BrokenPipeError) as exc:
+            self._fault("crashed", f"cannot reach the sidecar: {exc}")
+            return None
+        self.stats.submitted += 1
+        if self._busy_since is None:  # busy since the oldest unanswered job: that is what a hang looks like
+            self._busy_since = time.monotonic()
+        self._current = ticket
+        return ticket
+
+    def poll(self, ticket: Ticket | None) -> Payload | None:
+        """The ticket's payload if it has arrived (checked), else None. Never waits."""
+        if ticket is None or self._conn is None:
+            return None
+        if ticket.payload is None and ticket.fault is None:
+            self._drain()
+        return ticket.payload
+
+    def _drain(self) -> None:
+        try:
+            while self._conn is not None and self._conn.poll():
+                kind, body = self._conn.recv()
+                self._handle(kind, body)
+        except (EOFError, OSError):
+            self._fault("crashed", "the sidecar process died mid-request")
+            if self._current is not None and self._current.fault is None:
+                self._current.fault = "crashed"
+            self._busy_since = None
+
+    def _handle(self, kind: str, body: Any) -> None:
+        if kind == "ready":
+            self._ready = True
+            return
+        if kind == "load-failed":
+            self._fault("load-failed", f"the sidecar could not load its model: {body}")
+            self._closed = True
+            return
+        request_id, detail = body
+        ticket = self._current
+        if ticket is None or request_id != ticket.request_id:
+            # An answer to an earlier request, arriving after its target finished: useless, harmless.
+            self.stats.faults["late"] = self.stats.faults.get("late", 0) + 1
+            return
+        self._busy_since = None
+        ticket.received_at = time.time()
+        if kind == "error":
+            ticket.fault = "predictor-error"
+            self._fault("predictor-error", f"the sidecar failed on request {request_id}: {detail}")
+            return
+        try:
+            ticket.payload = parse_payload(detail, ticket.request_id, ticket.tools)
+            self.stats.answered += 1
+        except PayloadError as exc:
+            ticket.fault = exc.kind
+            self._fault(exc.kind, f"sidecar payload rejected: {exc}")
+            return
+        if ticket.payload.dropped:
+            self._fault("bad-slots", f"sidecar slots dropped: {'; '.join(ticket.payload.dropped[:3])}")
+
+    def _fault(self, kind: str, message: str) -> None:
+        self.stats.faults[kind] = self.stats.faults.get(kind, 0) + 1
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning("%s (decoding continues without sidecar hints; logged once)", message)
+

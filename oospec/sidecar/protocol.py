@@ -1,0 +1,126 @@
+"""What travels between the engine and the sidecar process: a job out, a compact JSON payload back.
+
+The payload is the sidecar's whole answer: the function it expects and a value for every argument slot, with
+optional alternative functions. It is small (tens of bytes to a few hundred) and it is *untrusted*: the
+sidecar may crash, lie or answer for another request, so `parse_payload` checks everything against the
+request's tools before a hint is built from it. A payload that fails is dropped (or trimmed to its valid
+slots); the engine then drafts as `toolspec` would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from oospec.tools.dialects import ToolCall, validate
+from oospec.tools.schema import Tool
+
+MAX_PAYLOAD_BYTES = 64 * 1024  # a real payload is ~100 bytes; anything this large is a fault
+MAX_VALUE_CHARS = 1024  # a rendered slot value longer than this is not a useful hint
+MAX_ALTERNATIVES = 3
+
+
+class PayloadError(ValueError):
+    """A payload that cannot be used at all (not JSON, wrong request, unknown function, too large)."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(message)
+        self.kind = kind  # short name of the fault, logged once per kind
+
+
+@dataclass(frozen=True)
+class Guess:
+    """One predicted call: the function and the slot values the sidecar could fill."""
+
+    function: str
+    arguments: dict[str, Any]  # slot -> JSON value, in the order the target is expected to write them
+    score: float = 0.0  # log-probability of the function name under the sidecar
+
+
+@dataclass(frozen=True)
+class Payload:
+    request_id: str
+    best: Guess
+    alternatives: tuple[Guess, ...] = ()
+    compute_s: float = 0.0  # the sidecar's own time for this request
+    finished_at: float = 0.0  # time.time() when the sidecar finished (same clock as the engine's)
+    size_bytes: int = 0
+    dropped: tuple[str, ...] = field(default=())  # problems found and removed while parsing
+
+    @property
+    def guesses(self) -> tuple[Guess, ...]:
+        return (self.best, *self.alternatives)
+
+
+def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, finished_at: float) -> bytes:
+    best, *alts = guesses
+    doc = {"id": request_id, "function": best.function, "arguments": best.arguments, "score": round(best.score, 4),
+           "alternatives": [{"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
+                            for g in alts],
+           "compute_s": round(compute_s, 4), "t": finished_at}
+    if not alts:
+        del doc["alternatives"]
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def _guess(doc: Any, tools: Mapping[str, Tool], dropped: list[str]) -> Guess:
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("function"), str):
+        raise PayloadError("malformed", "payload has no function name")
+    name = doc["function"]
+    tool = tools.get(name)
+    if tool is None:
+        raise PayloadError("unknown-function", f"sidecar predicted unknown function {name!r}")
+    args = doc.get("arguments") or {}
+    if not isinstance(args, Mapping):
+        raise PayloadError("malformed", f"arguments of {name!r} are a {type(args).__name__}, not an object")
+    kept: dict[str, Any] = {}
+    for key, value in args.items():
+        if tool.param(key) is None:
+            dropped.append(f"{name}.{key}: not a parameter")
+            continue
+        if len(json.dumps(value, ensure_ascii=False)) > MAX_VALUE_CHARS:
+            dropped.append(f"{name}.{key}: value longer than {MAX_VALUE_CHARS} characters")
+            continue
+        problems = validate(ToolCall(name, {key: value}), {name: tool}, coerce_strings=False)
+        problems = [p for p in problems if "missing required" not in p]
+        if problems:
+            dropped.append(problems[0])
+            continue
+        kept[key] = value
+    if args and not kept:
+        # Every slot it gave was unusable: the function guess is no more trustworthy than its slots.
+        raise PayloadError("bad-slots", f"every slot of {name!r} was unusable ({'; '.join(dropped[-3:])})")
+    score = doc.get("score", 0.0)
+    return Guess(name, kept, float(score) if isinstance(score, int | float) else 0.0)
+
+
+def parse_payload(raw: bytes, request_id: str, tools: Sequence[Tool]) -> Payload:
+    """The payload for `request_id`, checked against `tools`, or PayloadError.
+
+    Slots whose value has the wrong type, is far too long or names no parameter are dropped (listed in
+    `dropped`); a payload for another request, one that is not JSON, one naming an unknown function, or one
+    none of whose slots is usable is rejected whole."""
+    if len(raw) > MAX_PAYLOAD_BYTES:
+        raise PayloadError("too-large", f"payload of {len(raw)} bytes (limit {MAX_PAYLOAD_BYTES})")
+    try:
+        doc = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise PayloadError("invalid-json", f"payload is not JSON: {exc}") from None
+    if not isinstance(doc, Mapping):
+        raise PayloadError("malformed", "payload is not a JSON object")
+    if doc.get("id") != request_id:
+        raise PayloadError("wrong-request", f"payload is for request {doc.get('id')!r}, not {request_id!r}")
+    by_name = {t.name: t for t in tools}
+    dropped: list[str] = []
+    best = _guess(doc, by_name, dropped)
+    alternatives = []
+    for alt in (doc.get("alternatives") or [])[:MAX_ALTERNATIVES]:
+        try:
+            alternatives.append(_guess(alt, by_name, dropped))
+        except PayloadError as exc:
+            dropped.append(f"alternative: {exc}")
+    num = lambda k: float(doc[k]) if isinstance(doc.get(k), int | float) else 0.0  # noqa: E731
+    return Payload(request_id, best, tuple(alternatives), compute_s=num("compute_s"), finished_at=num("t"),
+                   size_bytes=len(raw), dropped=tuple(dropped))

@@ -1,0 +1,64 @@
+"""The sidecar's own process: `python -m oospec.sidecar.worker --fd N ...`, started by SidecarClient.
+
+It loads the predictor once, then answers jobs one at a time over the socket it was given; a job that a
+newer one has superseded while it waited is skipped. Nothing here may take the engine down: errors become
+messages, and a dead worker is the client's to notice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+from multiprocessing.connection import Connection
+
+from oospec.sidecar.predictor import Job
+
+
+def load_factory(spec: str):
+    """'package.module:callable' -> the callable (importable in the child process)."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr or "make_predictor")
+
+
+def _worker_main(conn: Connection, factory: str, options: dict, threads: int | None) -> None:
+    """The child process: load once, then answer jobs until the pipe closes."""
+    import torch
+
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        predictor = load_factory(factory)(**options)
+    except Exception as exc:  # reported to the client, which falls back to drafting without hints
+        conn.send(("load-failed", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        while conn.poll():  # a newer job supersedes any older one still queued
+            msg = conn.recv()
+        if msg is None:
+            return
+        job = Job.from_dict(msg)
+        try:
+            raw = predictor.predict(job)
+            conn.send(("payload", (job.request_id, raw if isinstance(raw, bytes) else str(raw).encode())))
+        except Exception as exc:
+            conn.send(("error", (job.request_id, f"{type(exc).__name__}: {exc}")))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description="oospec sidecar worker (started by SidecarClient)")
+    ap.add_argument("--fd", type=int, required=True)
+    ap.add_argument("--factory", required=True)
+    ap.add_argument("--options", default="{}")
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args(argv)
+    _worker_main(Connection(args.fd), args.factory, json.loads(args.options), args.threads or None)
+
+
+if __name__ == "__main__":
+    main()

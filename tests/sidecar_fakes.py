@@ -1,0 +1,65 @@
+"""Sidecar predictors that misbehave on purpose, built in the sidecar's own process by SidecarClient(factory=...)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+
+from oospec.sidecar.protocol import Guess, encode_payload
+
+
+class FakePredictor:
+    """Answers every job according to `mode`; `answer` is the best guess it reports when it answers well."""
+
+    def __init__(self, mode: str = "good", answer: dict | None = None, delay_s: float = 0.0):
+        self.mode = mode
+        self.answer = answer or {}
+        self.delay_s = delay_s
+
+    def predict(self, job) -> bytes:
+        if self.delay_s:
+            time.sleep(self.delay_s)
+        first = job.tools[0]["function"]
+        name = self.answer.get("function", first["name"])
+        args = self.answer.get("arguments", {})
+        good = encode_payload(job.request_id, [Guess(name, args)], 0.01, time.time())
+        mode = self.mode
+        if mode == "from-job":  # one process serves many faults: the test names each in the request
+            mode = re.search(r"\[fault:([\w-]+)\]", job.messages[-1]["content"]).group(1)
+        if mode == "good":
+            return good
+        if mode == "crash":
+            os._exit(3)
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "late":
+            time.sleep(30)
+            return good
+        if mode == "invalid-json":
+            return b'{"id": "' + job.request_id.encode() + b'", "function": '
+        if mode == "unknown-function":
+            return encode_payload(job.request_id, [Guess("no_such_tool", {})], 0.01, time.time())
+        if mode == "wrong-types":
+            bad = {p: [1, {"x": None}] if i % 2 else 12345 for i, p in enumerate(first["parameters"]["properties"])}
+            return encode_payload(job.request_id, [Guess(first["name"], bad)], 0.01, time.time())
+        if mode == "huge-values":
+            huge = {p: "A" * 5000 for p in first["parameters"]["properties"]}
+            return encode_payload(job.request_id, [Guess(first["name"], huge)], 0.01, time.time())
+        if mode == "huge-payload":
+            return json.dumps({"id": job.request_id, "function": first["name"], "arguments": {},
+                               "pad": "x" * 200_000}).encode()
+        if mode == "other-request":
+            return encode_payload("not-" + job.request_id, [Guess(name, args)], 0.01, time.time())
+        if mode == "raise":
+            raise RuntimeError("the predictor failed")
+        raise ValueError(mode)
+
+
+def make_fake(**kwargs) -> FakePredictor:
+    return FakePredictor(**kwargs)
+
+
+def make_broken(**kwargs):
+    raise OSError("weights are corrupt")

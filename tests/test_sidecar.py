@@ -1,0 +1,410 @@
+"""The out-of-order sidecar: payload checks, the predictor's batched rows, hint alignment, and faults.
+
+Every engine test checks the one thing that matters most: with any sidecar behaviour, `oospec` returns
+exactly the tokens of plain greedy decoding, and the request completes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from oospec.drafters import make_drafter
+from oospec.drafters.schema import SchemaDrafter
+from oospec.drafters.sidecar import HintRenderer, SidecarDrafter
+from oospec.sidecar import SidecarClient
+from oospec.sidecar.predictor import Job, RowRunner, SidecarPredictor, common_prefix_len, json_value_end
+from oospec.sidecar.protocol import Guess, Payload, PayloadError, encode_payload, parse_payload
+from oospec.tools.callscan import Style
+from oospec.tools.schema import to_openai, tools_from_openai
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+        "unit": {"type": "string", "enum": ["c", "f"]}},
+        "required": ["city", "days"]}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
+                                           "required": ["zone"]}}}]
+TOOLS = tools_from_openai(WEATHER)
+
+
+# -- the payload -------------------------------------------------------------------------------------------
+def test_json_value_end():
+    assert json_value_end('"Paris", "x"') == 7
+    assert json_value_end('"a \\" b"}') == 8
+    assert json_value_end('"unfinished') is None
+    assert json_value_end(" 42}") == 3
+    assert json_value_end("42") is None  # a number is complete only once something follows it
+    assert json_value_end('[1, {"a": "]"}], ') == 15
+    assert json_value_end("true,") == 4
+    assert json_value_end("") is None
+
+
+def test_payload_round_trip_and_checks():
+    raw = encode_payload("r1", [Guess("get_weather", {"city": "Paris", "days": 3}, -0.5),
+                                Guess("get_time", {"zone": "CET"}, -2.0)], 0.2, 123.0)
+    p = parse_payload(raw, "r1", TOOLS)
+    assert p.best == Guess("get_weather", {"city": "Paris", "days": 3}, -0.5)
+    assert p.alternatives[0].function == "get_time" and p.size_bytes == len(raw) and p.compute_s == 0.2
+    with pytest.raises(PayloadError) as e:
+        parse_payload(raw, "r2", TOOLS)
+    assert e.value.kind == "wrong-request"
+    with pytest.raises(PayloadError) as e:
+        parse_payload(b'{"id": "r1", "function": ', "r1", TOOLS)
+    assert e.value.kind == "invalid-json"
+    with pytest.raises(PayloadError) as e:
+        parse_payload(encode_payload("r1", [Guess("rm_rf", {})], 0, 0), "r1", TOOLS)
+    assert e.value.kind == "unknown-function"
+    with pytest.raises(PayloadError) as e:
+        parse_payload(b"[" + b"1," * 40000 + b"1]", "r1", TOOLS)
+    assert e.value.kind == "too-large"
+    # Wrong types, unknown slots, enum violations and absurd lengths are dropped; the rest is kept.
+    raw = encode_payload("r1", [Guess("get_weather", {"city": "Oslo", "days": "three", "metric": 1, "unit": "k",
+                                                      "colour": "red"})], 0, 0)
+    p = parse_payload(raw, "r1", TOOLS)
+    assert p.best.arguments == {"city": "Oslo"} and len(p.dropped) == 4
+    p = parse_payload(encode_payload("r1", [Guess("get_weather", {"city": "x" * 5000, "days": 2})], 0, 0), "r1", TOOLS)
+    assert p.best.arguments == {"days": 2}
+    with pytest.raises(PayloadError) as e:  # nothing usable left: not even the function is trusted
+        parse_payload(encode_payload("r1", [Guess("get_weather", {"city": 5, "days": "x" * 5000})], 0, 0), "r1", TOOLS)
+    assert e.value.kind == "bad-slots"
+
+
+# -- hint rendering and alignment --------------------------------------------------------------------------
+class InstantSidecar:
+    """Answers at submit time with a fixed payload (or never, with payload=None)."""
+
+    def __init__(self, guesses):
+        self.guesses = guesses
+        self.jobs = []
+
+    def submit(self, job, tools):
+        self.jobs.append(job)
+        return {"id": job.request_id}
+
+    def poll(self, ticket):
+        if self.guesses is None:
+            return None
+        return Payload(ticket["id"], self.guesses[0], tuple(self.guesses[1:]), size_bytes=80)
+
+
+class CharTokenizer:
+    """One token per character (ids = code points): alignment tests read as text."""
+
+    all_special_ids = [0]
+    eos_token_id = 0
+
+    def encode(self, text, add_special_tokens=False):
+        return [ord(c) for c in text]
+
+    def convert_ids_to_tokens(self, ids):
+        if isinstance(ids, int):
+            return chr(ids) if ids else None
+        return [chr(i) for i in ids]
+
+
+def drafter_after(text: str, guesses, dialect="hermes"):
+    from oospec.drafters.base import Request
+
+    schema = SchemaDrafter()
+    drafter = SidecarDrafter(InstantSidecar(guesses), schema=schema)
+    prompt = np.array([ord("x")], dtype=np.int64)
+    req = Request(prompt_ids=prompt, eos_ids=frozenset({0}), tokenizer=CharTokenizer(),
+                  messages=[{"role": "user", "content": "weather in Paris for 3 days"}], tools=TOOLS, dialect=dialect)
+    schema.start(req)
+    drafter.start(req)
+    written = np.array([ord(c) for c in text], dtype=np.int64)
+    schema.observe(written)
+    context = np.concatenate([prompt, written])
+    return drafter, ["".join(map(chr, c.tokens)) for c in drafter.candidates(context)]
+
+
+GOOD = Guess("get_weather", {"city": "Paris", "days": 3, "metric": True})
+
+
+def test_renderer_matches_the_call_text():
+    r = HintRenderer(Style(), "arguments", TOOLS[0])
+    assert r.call(GOOD) == '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}'
+    # A required slot without a value ends the hint after its key: that value is the target's to write.
+    assert r.call(Guess("get_weather", {"city": "Paris"})) == '{"name": "get_weather", "arguments": {"city": "Paris", "days": '
+
+
+@pytest.mark.parametrize("written, expected", [
+    ("", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}'),
+    ('<tool_call>\n{"name": "get_w', 'eather", "arguments": {"city": "Paris", "days": 3, "metric": true}}'),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', 'ris", "days": 3, "metric": true}}'),
+    # The value differs from the hint: nothing until the next boundary...
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon', None),
+    # ...then the remaining slots, in order.
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon"', ', "days": 3, "metric": true}}'),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Lyon", ', '"days": 3, "metric": true}}'),
+    # A key out of the hint's order: its value, then what is left.
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"met', 'ric": true, "city": "Paris", "days": 3}}'),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"days": 5, "metric": ', 'true, "city": "Paris"}}'),
+    ('<tool_call>\n{"name": "get_weather", "arguments": {"days": 5, "metric": fa', None),
+    # Another function than the hint's: no hint.
+    ('<tool_call>\n{"name": "get_time", "arguments": {', None),
+])
+def test_sidecar_drafter_aligns_and_realigns(written, expected):
+    _, texts = drafter_after(written, [GOOD])
+    if expected is None:
+        assert texts == []
+    else:
+        assert texts[0] == expected
+
+
+def test_alternative_function_becomes_a_branch():
+    alt = Guess("get_time", {"zone": "CET"})
+    _, texts = drafter_after('<tool_call>\n{"name": "get_', [GOOD, alt])
+    assert texts == ['weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}',
+                     'time", "arguments": {"zone": "CET"}}']
+    _, texts = drafter_after('<tool_call>\n{"name": "get_time", ', [GOOD, alt])
+    assert texts == ['"arguments": {"zone": "CET"}}']
+
+
+def test_no_payload_no_candidates():
+    drafter, texts = drafter_after('<tool_call>\n{"name": "', None)
+    assert texts == [] and drafter.report == {"submitted": True}
+
+
+# -- the predictor -----------------------------------------------------------------------------------------
+def test_row_runner_batches_equal_single_rows():
+    """Rows decoded together (shared prefix cache, left padding) give each row's own greedy tokens."""
+    from conftest import tiny_model
+
+    model = tiny_model("llama", seed=3)
+    prefix = [5, 17, 42, 99, 7, 12]
+    suffixes = [[3], [8, 9, 10], [44, 45], [100, 101, 102, 103]]
+    runner = RowRunner(model)
+    runner.encode_prefix(prefix)
+    logprobs, generated = runner.run(suffixes, steps=6, keep_all_logits=True)
+    for suf, lp, gen in zip(suffixes, logprobs, generated):
+        ids = torch.tensor([prefix + suf])
+        with torch.no_grad():
+            logits = model(ids).logits[0].float()
+        want_lp = torch.log_softmax(logits, -1)[len(prefix) - 1 : -1].gather(1, torch.tensor(suf)[:, None])[:, 0]
+        assert np.allclose(lp, want_lp.numpy(), atol=1e-4)
+        ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
+                             pad_token_id=0)[0, ids.shape[1]:].numpy()
+        assert np.array_equal(gen, ref)
+
+
+def test_common_prefix_len():
+    assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
+    assert common_prefix_len([[1], [2]]) == 0
+
+
+@pytest.fixture(scope="module")
+def smol_predictor():
+    return SidecarPredictor.from_pretrained("smollm2-135m")
+
+
+def test_predictor_payload_on_real_model(smol_predictor):
+    job = Job("r1", [{"role": "user", "content": "What's the weather in Paris for the next 3 days? Use celsius."}],
+              WEATHER, chat_tools=WEATHER, opener="<tool_call>\n")
+    raw = smol_predictor.predict(job)
+    payload = parse_payload(raw, "r1", TOOLS)
+    assert payload.best.function in ("get_weather", "get_time")
+    assert payload.size_bytes == len(raw) < 600
+    # Every slot value the small model produced is typed by the schema (parse_payload keeps only those).
+    assert set(payload.best.arguments) <= {p.name for p in TOOLS[0].parameters} | {"zone"}
+    assert not payload.dropped
+
+
+# -- faults: the sidecar is an optimisation, never a dependency ------------------------------------------
+@pytest.fixture(scope="module")
+def smol_engine():
+    from oospec.engine.engine import Engine
+
+    return Engine.from_pretrained("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def apibank_case(smol_engine):
+    """An API-Bank request on which SmolLM2 writes a call, its greedy tokens and the call it writes."""
+    from oospec.bench.datasets import load_dataset
+
+    sample = load_dataset("apibank", split="1", limit=2)[1]
+    prompt = smol_engine.encode(sample.messages, sample.chat_tools())
+    ref = smol_engine.generate(prompt_ids=prompt, method="ar", max_new_tokens=56)
+    m = re.search(r'"name": "(\w+)", "parameters": \{(.*)', ref.text, re.S)
+    assert m, ref.text
+    args = dict(re.findall(r'"(\w+)": "([^"]*)"', m.group(2)))
+    return sample, prompt, ref.tokens, Guess(m.group(1), args)
+
+
+def fake_client(**options) -> SidecarClient:
+    return SidecarClient(factory="sidecar_fakes:make_fake", factory_options=options, hang_timeout_s=5,
+                         ready_timeout_s=120)
+
+
+def generate(engine, sample, prompt, drafter, max_new_tokens=56):
+    return engine.generate(sample.messages, prompt_ids=prompt, method=drafter, max_new_tokens=max_new_tokens,
+                           tool_schemas=sample.tools, dialect=sample.dialect)
+
+
+def test_good_hint_is_faster_and_identical(smol_engine, apibank_case):
+    sample, prompt, ref, guess = apibank_case
+    toolspec = generate(smol_engine, sample, prompt, make_drafter("toolspec"))
+    drafter = make_drafter("oospec", sidecar=InstantSidecar([guess]))
+    out = generate(smol_engine, sample, prompt, drafter)
+    assert np.array_equal(out.tokens, ref) and np.array_equal(toolspec.tokens, ref)
+    assert out.stats.target_forwards <= toolspec.stats.target_forwards
+    assert drafter.report["arrived"] and drafter.report["tokens_written_at_arrival"] == 1
+    # The hints alone (no schema, retrieval or lookup drafts) carry most of the call.
+    hints_only = generate(smol_engine, sample, prompt, make_drafter("sidecar", sidecar=InstantSidecar([guess])))
+    nothing = generate(smol_engine, sample, prompt, make_drafter("sidecar", sidecar=InstantSidecar(None)))
+    assert np.array_equal(hints_only.tokens, ref) and np.array_equal(nothing.tokens, ref)
+    assert nothing.stats.tau == 1.0 and hints_only.stats.tau >= 3.0, hints_only.stats.accepted_per_step
+
+
+def test_lying_hints_are_harmless(smol_engine, apibank_case):
+    sample, prompt, ref, guess = apibank_case
+    rng = np.random.default_rng(0)
+    lies = [Guess(guess.function, {k: "".join(rng.choice(list("abc\"\\{}, 0")) for _ in range(12))
+                                   for k in guess.arguments}),
+            Guess(guess.function, {k: "x" * 300 for k in guess.arguments}),
+            Guess(sample.tools[0].name, {}), Guess(guess.function, {})]
+    for lie in lies:
+        out = generate(smol_engine, sample, prompt, make_drafter("oospec", sidecar=InstantSidecar([lie, guess])))
+        assert np.array_equal(out.tokens, ref), lie
+
+
+def test_real_sidecar_process_end_to_end(smol_engine, apibank_case):
+    """The real predictor (SmolLM2 as its own sidecar) in its own process: identical output, a report."""
+    sample, prompt, ref, _ = apibank_case
+    with SidecarClient("smollm2-135m", threads=1) as client:
+        drafter = make_drafter("oospec", sidecar=client)
+        out = generate(smol_engine, sample, prompt, drafter)
+        assert np.array_equal(out.tokens, ref)
+        deadline = time.time() + 60
+        while drafter.report.get("function") is None and time.time() < deadline:
+            drafter.finish()  # collects an answer that arrives after the target finished
+            time.sleep(0.2)
+        report = drafter.report
+        assert report["function"] in {t.name for t in sample.tools}
+        assert report["payload_bytes"] > 20 and report["compute_s"] > 0
+        job = client.stats.submitted
+        assert job == 1 and client.stats.faults.get("crashed") is None
+
+
+CONTENT_FAULTS = {"invalid-json": "invalid-json", "unknown-function": "unknown-function",
+                  "wrong-types": "bad-slots", "huge-values": "bad-slots", "huge-payload": "too-large",
+                  "other-request": "wrong-request", "raise": "predictor-error"}
+
+
+def test_bad_payloads_fall_back_to_toolspec(smol_engine, apibank_case, caplog):
+    """Invalid JSON, an unknown function, wrong types, absurd values, a payload for another request, a
+    predictor error: each is rejected (or trimmed to nothing), logged once, and decoding is toolspec's."""
+    sample, prompt, ref, _ = apibank_case
+    toolspec = make_drafter("toolspec")
+    with fake_client(mode="from-job") as client, caplog.at_level(logging.WARNING, logger="oospec.sidecar"):
+        oospec = make_drafter("oospec", sidecar=client)
+        for mode, kind in [*CONTENT_FAULTS.items(), *CONTENT_FAULTS.items()]:
+            messages = [*sample.messages[:-1], {**sample.messages[-1],
+                                                "content": sample.messages[-1]["content"] + f" [fault:{mode}]"}]
+            ticket = client.submit(Job("probe", messages, [to_openai(t) for t in sample.tools]), sample.tools)
+            while client.poll(ticket) is None and ticket.fault is None:
+                time.sleep(0.05)  # probe first: then the request below certainly gets its answer in time
+            assert ticket.fault == kind
+            base = engine_generate(smol_engine, prompt, toolspec, sample, sample.messages)
+            out = engine_generate(smol_engine, prompt, oospec, sample, messages, wait_for=client)
+            assert np.array_equal(out.tokens, ref) and np.array_equal(base.tokens, ref)
+            assert out.stats.target_forwards == base.stats.target_forwards, mode  # no usable hint: toolspec
+        warnings = [r.getMessage() for r in caplog.records if r.name == "oospec.sidecar"]
+        assert len(warnings) == len(set(CONTENT_FAULTS.values())), warnings  # each kind logged once
+        assert client.stats.faults["wrong-request"] == 4  # probe and request, twice
+
+
+def engine_generate(engine, prompt, drafter, sample, messages, wait_for=None, max_new_tokens=56):
+    if wait_for is not None:  # let this request's answer arrive before decoding starts
+        real_start = drafter.start
+
+        def start(request):
+            real_start(request)
+            t = drafter.sidecar_drafter.ticket
+            while t is not None and wait_for.poll(t) is None and t.fault is None:
+                time.sleep(0.05)
+        drafter.start = start
+    try:
+        return engine.generate(messages, prompt_ids=prompt, method=drafter, max_new_tokens=max_new_tokens,
+                               tool_schemas=sample.tools, dialect=sample.dialect)
+    finally:
+        if wait_for is not None:
+            del drafter.start
+
+
+@pytest.mark.parametrize("mode", ["crash", "hang"])
+def test_sidecar_that_dies_or_hangs(smol_engine, apibank_case, mode):
+    sample, prompt, ref, _ = apibank_case
+    client = SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": mode}, hang_timeout_s=1,
+                           max_restarts=1)
+    try:
+        drafter = make_drafter("oospec", sidecar=client)
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = generate(smol_engine, sample, prompt, drafter)
+            assert np.array_equal(out.tokens, ref)
+            assert time.perf_counter() - t0 < 30  # the target never waits for the sidecar
+            time.sleep(1.2)
+        kind = "crashed" if mode == "crash" else "hang"
+        assert client.stats.faults.get(kind, 0) >= 1
+        assert client.stats.restarts == 1 and client.stats.faults.get("gave-up") == 1
+    finally:
+        client.close()
+
+
+def test_sidecar_killed_mid_request(smol_engine, apibank_case):
+    sample, prompt, ref, guess = apibank_case
+    with fake_client(mode="good", answer={"function": guess.function, "arguments": guess.arguments},
+                     delay_s=3.0) as client:
+        drafter = make_drafter("oospec", sidecar=client)
+        pid_before = client.pid
+        threading.Timer(0.3, client._proc.kill).start()
+        out = generate(smol_engine, sample, prompt, drafter)
+        assert np.array_equal(out.tokens, ref)
+        time.sleep(0.5)
+        # The next request notices, restarts the sidecar and still completes identically.
+        out = generate(smol_engine, sample, prompt, drafter)
+        assert np.array_equal(out.tokens, ref)
+        assert client.stats.faults.get("crashed", 0) >= 1 and client.pid != pid_before
+
+
+def test_answer_after_the_target_finished(smol_engine, apibank_case):
+    sample, prompt, ref, guess = apibank_case
+    with fake_client(mode="good", answer={"function": guess.function, "arguments": guess.arguments},
+                     delay_s=4.0) as client:
+        drafter = make_drafter("oospec", sidecar=client)
+        out = generate(smol_engine, sample, prompt, drafter, max_new_tokens=8)
+        assert np.array_equal(out.tokens, ref[:8])
+        assert not drafter.report.get("arrived")
+        first = drafter.sidecar_drafter.ticket
+        time.sleep(4.5)
+        out = generate(smol_engine, sample, prompt, drafter)  # the stale answer must not be used here
+        assert np.array_equal(out.tokens, ref)
+        assert first.payload is not None  # it did come, after its request had ended...
+        assert drafter.sidecar_drafter.ticket is not first and not drafter.report.get("arrived")  # ...and was not reused
+
+
+def test_sidecar_that_cannot_load(smol_engine, apibank_case, caplog):
+    sample, prompt, ref, _ = apibank_case
+    with caplog.at_level(logging.WARNING, logger="oospec.sidecar"):
+        client = SidecarClient(factory="sidecar_fakes:make_broken", factory_options={})
+    assert not client.ready and "corrupt" in caplog.text
+    out = generate(smol_engine, sample, prompt, make_drafter("oospec", sidecar=client))
+    assert np.array_equal(out.tokens, ref)
+    client.close()
+
+
+def test_job_is_plain_data():
+    job = Job("r", [{"role": "user", "content": "hi"}], WEATHER, None, "<tool_call>\n", "arguments")
+    assert Job.from_dict(json.loads(json.dumps(job.to_dict()))) == job
