@@ -1,0 +1,249 @@
+"""`oospec bench serve`: one multi-turn API-Bank dialogue replayed turn by turn against the server.
+
+API-Bank's level-1 items that come from the same dialogue file are the successive turns of one agent
+session: each prompt is the same system prompt (the tools) and the dialogue so far, ending with the request
+for the next call. The benchmark loads the target once, then for every (method, prefix reuse on/off) starts a
+fresh server (new drafter, empty prefix cache) on a loopback port in this process, replays the turns through
+the official `openai` client, and records each turn's client-side latency with the server's own statistics.
+Greedy outputs must be identical across configurations; the report says whether they were.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oospec.errors import OospecError
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", default="smollm2-135m", help="known model name or local Hugging Face folder")
+    p.add_argument("--methods", default="ar,toolspec", help="comma list of drafters; each runs with reuse off and on")
+    p.add_argument("--sidecar", metavar="MODEL", help="sidecar model for method oospec")
+    p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
+    p.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prefix-cache-mb", type=float, default=512.0)
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=None, help="CPU threads for the target (default: all cores)")
+    p.add_argument("--no-optimize", action="store_true", help="keep the stock transformers kernels")
+
+
+# --------------------------------------------------------------------------------------------------
+# The dialogue
+# --------------------------------------------------------------------------------------------------
+
+
+def dialogues() -> dict[str, list]:
+    """API-Bank level-1 samples grouped by dialogue file, turns in order."""
+    from oospec.bench.datasets import load_dataset
+
+    groups: dict[str, list] = collections.defaultdict(list)
+    for s in load_dataset("apibank", split="1"):
+        other = s.meta.get("other") or {}
+        if "file" in other:
+            groups[other["file"]].append((other.get("id", 0), s))
+    return {name: [s for _, s in sorted(items, key=lambda t: t[0])] for name, items in groups.items()}
+
+
+def pick_dialogue(name: str | None) -> tuple[str, list]:
+    groups = dialogues()
+    if name:
+        if name not in groups:
+            raise OospecError(f"no API-Bank level-1 dialogue {name!r}; some are: {', '.join(sorted(groups)[:5])}")
+        return name, groups[name]
+    # The most turns, then the longest final prompt: the case prefix reuse is for.
+    return max(groups.items(), key=lambda kv: (len(kv[1]), len(kv[1][-1].messages[-1]["content"])))
+
+
+def turn_request(sample, max_tokens: int) -> dict:
+    """The chat-completions request of one turn: the tools are described in the system prompt (as in API-Bank's
+    evaluation), and also given as `tools` so the server can draft and parse calls."""
+    from oospec.tools.schema import to_openai
+
+    return {
+        "messages": sample.messages,
+        "tools": [to_openai(t) for t in sample.tools],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "extra_body": {"oospec": {"dialect": sample.dialect, "tools_in_prompt": True, "return_token_ids": True}},
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# A server in this process
+# --------------------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def serving(service, host: str = "127.0.0.1", port: int | None = None):
+    """Run the app for `service` with uvicorn on a background thread; yields the base URL."""
+    import uvicorn
+
+    from oospec.server.app import create_app
+
+    port = port or free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(service), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="oospec-bench-server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise OospecError(f"the server did not start on {host}:{port}")
+        time.sleep(0.05)
+    try:
+        yield f"http://{host}:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(60)
+
+
+# --------------------------------------------------------------------------------------------------
+# The run
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    method: str
+    reuse: bool
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} {'reuse' if self.reuse else 'cold'}"
+
+
+@dataclass
+class TurnResult:
+    turn: int
+    latency_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    stats: dict
+    token_ids: list[int] = field(repr=False, default_factory=list)
+    tool_calls: list[dict] = field(default_factory=list)
+
+
+def replay(base_url: str, turns: list, max_tokens: int) -> list[TurnResult]:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
+    client.chat.completions.create(messages=[{"role": "user", "content": "Hello"}], model="m", max_tokens=4)  # warm
+    results = []
+    for i, sample in enumerate(turns):
+        t0 = time.perf_counter()
+        resp = client.chat.completions.create(model="m", **turn_request(sample, max_tokens))
+        latency = time.perf_counter() - t0
+        stats = resp.model_extra["oospec"]
+        calls = [{"name": c.function.name, "arguments": c.function.arguments}
+                 for c in resp.choices[0].message.tool_calls or ()]
+        results.append(TurnResult(
+            turn=i + 1, latency_s=latency, prompt_tokens=resp.usage.prompt_tokens,
+            cached_tokens=resp.usage.prompt_tokens_details.cached_tokens, completion_tokens=resp.usage.completion_tokens,
+            finish_reason=resp.choices[0].finish_reason,
+            stats={k: stats[k] for k in ("tau", "target_forwards", "prefill_s", "decode_s", "method")},
+            token_ids=stats["completion_token_ids"], tool_calls=calls,
+        ))
+    return results
+
+
+def run(args) -> dict:
+    from oospec.engine.engine import Engine
+    from oospec.server.cli import make_server_drafter
+    from oospec.server.service import ModelService, ServerConfig
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    name, turns = pick_dialogue(args.dialogue)
+    turns = turns[: args.turns] if args.turns else turns
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    configs = [Config(m, reuse) for m in methods for reuse in (False, True)]
+    engine = Engine.from_pretrained(args.target, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
+    engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
+    print(f"dialogue {name}: {len(turns)} turns; target {args.target}; configs: "
+          f"{', '.join(c.label for c in configs)}", file=sys.stderr)
+    results: dict[str, list[TurnResult]] = {}
+    for config in configs:
+        drafter, sidecar = make_server_drafter(config.method, args.sidecar if config.method == "oospec" else None,
+                                               1, "cpu")
+        service = ModelService(engine, ServerConfig(
+            model_name=args.target, method=config.method, prefix_cache_mb=args.prefix_cache_mb if config.reuse else 0,
+        ), drafter, sidecar)
+        with serving(service) as url:
+            results[config.label] = replay(url, turns, args.max_tokens)
+        service.close()
+        total = sum(r.latency_s for r in results[config.label])
+        print(f"  {config.label:24} total {total:7.2f} s", file=sys.stderr)
+    reference = results[configs[0].label]
+    identical = {label: all(a.token_ids == b.token_ids for a, b in zip(rs, reference)) for label, rs in results.items()}
+    return {
+        "dialogue": name,
+        "target": args.target,
+        "threads": args.threads,
+        "max_tokens": args.max_tokens,
+        "configs": [c.label for c in configs],
+        "identical_to_first": identical,
+        "turns": {label: [vars(r) for r in rs] for label, rs in results.items()},
+    }
+
+
+def markdown(report: dict) -> str:
+    labels = report["configs"]
+    turns = report["turns"]
+    base = labels[0]
+    lines = [
+        f"Dialogue `{report['dialogue']}` (API-Bank level 1), target `{report['target']}`, "
+        f"max_tokens {report['max_tokens']}, {report['threads'] or 'all'} thread(s). Latency per turn in seconds, "
+        "client side (request sent to full response received).",
+        "",
+        "| turn | prompt tokens | " + " | ".join(labels) + " | cached tokens (reuse) |",
+        "|---:|---:|" + "---:|" * len(labels) + "---:|",
+    ]
+    reuse_label = next((lb for lb in labels if lb.endswith("reuse")), None)
+    for i, row in enumerate(turns[base]):
+        cells = [f"{turns[lb][i]['latency_s']:.2f}" for lb in labels]
+        cached = turns[reuse_label][i]["cached_tokens"] if reuse_label else 0
+        lines.append(f"| {row['turn']} | {row['prompt_tokens']} | " + " | ".join(cells) + f" | {cached} |")
+    totals = {lb: sum(r["latency_s"] for r in turns[lb]) for lb in labels}
+    lines.append("| total | | " + " | ".join(f"{totals[lb]:.2f}" for lb in labels) + " | |")
+    lines += ["", "| configuration | total s | speed-up vs " + base + " | prefill s | decode s | mean tau | "
+              "identical output |", "|---|---:|---:|---:|---:|---:|---|"]
+    for lb in labels:
+        rs = turns[lb]
+        prefill = sum(r["stats"]["prefill_s"] for r in rs)
+        decode = sum(r["stats"]["decode_s"] for r in rs)
+        tau = sum(r["stats"]["tau"] for r in rs) / len(rs)
+        lines.append(f"| {lb} | {totals[lb]:.2f} | {totals[base] / totals[lb]:.2f}x | {prefill:.2f} | {decode:.2f} | "
+                     f"{tau:.2f} | {'yes' if report['identical_to_first'][lb] else 'NO'} |")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_bench_serve(args) -> None:
+    report = run(args)
+    out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
+    out.mkdir(parents=True, exist_ok=True)
+    table = markdown(report)
+    (out / "serve.json").write_text(json.dumps(report, indent=1))
+    (out / "serve.md").write_text(table)
+    print(table)
+    print(f"written to {out}/serve.md and serve.json", file=sys.stderr)

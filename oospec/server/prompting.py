@@ -1,0 +1,119 @@
+"""Chat messages and tools in, prompt token ids out, as the target's chat template renders them.
+
+Templates that know tools (Qwen2.5's) get the tools and the assistant `tool_calls` as they are. Templates that
+do not (SmolLM2's renders only role and content) get the same information as text, the way Qwen2.5's template
+writes it: a "# Tools" block with the function signatures and the `<tool_call>` instruction appended to the
+system message, earlier calls written in the dialect inside the assistant message, and tool results as a user
+message of `<tool_response>` blocks.
+
+tool_choice is honoured by what the prompt contains and by forcing the start of the assistant's reply:
+  none       the tools are left out of the prompt, and the reply is not parsed for calls;
+  auto       the tools are in the prompt and the model decides;
+  required   the reply starts with the dialect's call opener (`<tool_call>\\n` for hermes);
+  function   the reply starts with the opener and `{"name": "<function>", "arguments": ` .
+The forced text is appended to the prompt after the generation header, so the generated tokens are the
+target's greedy continuation of it; it is part of the reply's text (and of `usage.prompt_tokens`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oospec.errors import InvalidMessagesError
+from oospec.server.errors import bad_request
+from oospec.server.schemas import ChatRequest
+from oospec.tools.dialects import Dialect, ToolCall, get_dialect, to_json
+
+DEFAULT_SYSTEM = "You are a helpful assistant."
+
+
+@dataclass
+class Prompt:
+    ids: np.ndarray  # (p,) int64 prompt token ids, the forced start of the reply included
+    messages: list[dict]  # the messages as given to the chat template (drafters read the user's words here)
+    forced_text: str  # the start of the reply the prompt forces ("" when tool_choice is none or auto)
+    dialect: Dialect
+
+
+def template_knows_tools(tokenizer) -> bool:
+    template = getattr(tokenizer, "chat_template", None) or ""
+    if isinstance(template, dict):
+        template = " ".join(template.values())
+    return "tools" in template and "tool_calls" in template
+
+
+def build_prompt(engine, req: ChatRequest) -> Prompt:
+    tokenizer = engine.tokenizer
+    dialect = get_dialect(req.options.dialect)
+    offer_tools = bool(req.tools) and req.tool_choice != "none" and not req.options.tools_in_prompt
+    if template_knows_tools(tokenizer):
+        messages, template_tools = req.messages, (req.tools if offer_tools else None)
+    else:
+        messages, template_tools = as_plain_messages(req.messages, dialect), None
+        if offer_tools:
+            messages = with_tools_in_system(messages, req.tools, dialect)
+    forced = forced_reply_start(req, dialect)
+    try:
+        if not forced:
+            ids = engine.encode(messages, template_tools)
+        else:
+            text = tokenizer.apply_chat_template(messages, tools=template_tools, add_generation_prompt=True,
+                                                 tokenize=False)
+            ids = np.asarray(tokenizer.encode(text + forced, add_special_tokens=False), dtype=np.int64)
+    except InvalidMessagesError as exc:
+        raise bad_request(str(exc), "messages") from None
+    except Exception as exc:  # the template's own checks (role order, missing fields)
+        raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
+    return Prompt(ids=ids, messages=messages, forced_text=forced, dialect=dialect)
+
+
+def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
+    if req.tool_choice == "required":
+        return dialect.call_prefix
+    if req.tool_choice == "function":
+        if dialect.name == "pythonic":
+            return f"[{req.forced_function}("
+        opener = dialect.call_prefix if dialect.call_prefix.endswith("\n") else ""
+        return opener + "{" + f'"name": {to_json(req.forced_function)}, "{dialect.args_key}": '
+    return ""
+
+
+def tools_block(tools: list[dict], dialect: Dialect) -> str:
+    """The tool signatures and the call format, worded as Qwen2.5's chat template words them."""
+    signatures = "\n".join(to_json(t) for t in tools)
+    example = "{" + f'"name": <function-name>, "{dialect.args_key}": <args-json-object>' + "}"
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        f"You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{signatures}\n"
+        "</tools>\n\nFor each function call, return a json object with function name and arguments within "
+        f"<tool_call></tool_call> XML tags:\n<tool_call>\n{example}\n</tool_call>"
+    )
+
+
+def with_tools_in_system(messages: list[dict], tools: list[dict], dialect: Dialect) -> list[dict]:
+    block = tools_block(tools, dialect)
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{block}"}, *messages[1:]]
+    return [{"role": "system", "content": f"{DEFAULT_SYSTEM}\n\n{block}"}, *messages]
+
+
+def as_plain_messages(messages: list[dict], dialect: Dialect) -> list[dict]:
+    """Messages with only role and string content: calls written out in `dialect`, tool results as user turns."""
+    out: list[dict] = []
+    for msg in messages:
+        role, content = msg["role"], msg.get("content") or ""
+        if role == "assistant" and msg.get("tool_calls"):
+            calls = [ToolCall(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]]
+            content = (content + "\n" if content else "") + dialect.render(calls)
+            out.append({"role": "assistant", "content": content})
+        elif role == "tool":
+            block = f"<tool_response>\n{content}\n</tool_response>"
+            if out and out[-1].get("_tool_results"):
+                out[-1]["content"] += "\n" + block
+            else:
+                out.append({"role": "user", "content": block, "_tool_results": True})
+        else:
+            out.append({"role": role, "content": content})
+    return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]

@@ -1,0 +1,391 @@
+"""From generated token ids to an OpenAI reply: text deltas, stop strings, and tool calls (whole or streamed).
+
+The same `ReplyBuilder` serves both modes. Tokens go in step by step (several per step when a step accepts
+several); text comes out as soon as it is complete UTF-8, cut before the first stop string. In a streamed
+reply, `events` says what to send: content, or a tool call's start (id, name) and fragments of its arguments
+as they are written. The final message (`finish`) is parsed from the whole text with the rules below, and a
+stream's events end consistent with it.
+
+Tool calls are read from the reply (when tools were offered and tool_choice is not none):
+  * if the reply contains `<tool_call>`, everything from the first one on is the call region: every
+    `{"name": ..., "arguments"|"parameters": {...}}` object in it is a call; the text before it, if not blank,
+    is the message content;
+  * otherwise, a reply that is only JSON (possibly fenced) naming offered tools is a call (plain JSON, Llama
+    style, or pythonic `[f(a=1)]` for that dialect);
+  * otherwise the reply is content.
+Streamed arguments are the model's own JSON text (whitespace as it wrote it); the final, non-streamed
+arguments are the parsed object re-serialised. Both parse to the same object.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import secrets
+from dataclasses import dataclass, field
+
+from oospec.tools.dialects import Dialect, ToolCall, extract_json_calls
+
+CALL_OPENER = "<tool_call>"
+_CALL_HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+_DECODER = json.JSONDecoder()
+_FENCE = re.compile(r"^```[A-Za-z]*\s*(.*?)\s*```$", re.S)
+
+
+def new_call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+# --------------------------------------------------------------------------------------------------
+# Text
+# --------------------------------------------------------------------------------------------------
+
+
+class Detokenizer:
+    """Token ids in, text deltas out; a delta is withheld while it ends inside a multi-byte character.
+
+    Decodes a short window (the tokens since the last emitted delta, plus the ones before it) instead of
+    the whole reply, as vLLM does."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self._prefix = 0  # start of the window
+        self._read = 0  # tokens whose text has been emitted
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def push(self, token: int) -> str:
+        self.ids.append(int(token))
+        before = self._decode(self.ids[self._prefix:self._read])
+        now = self._decode(self.ids[self._prefix:])
+        if len(now) > len(before) and not now.endswith("\ufffd"):
+            self._prefix, self._read = self._read, len(self.ids)
+            return now[len(before):]
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is still withheld (an incomplete character at the end of a cut-off reply)."""
+        before = self._decode(self.ids[self._prefix:self._read])
+        now = self._decode(self.ids[self._prefix:])
+        self._prefix = self._read = len(self.ids)
+        return now[len(before):]
+
+
+class StopMatcher:
+    """Cuts text before the first stop string, holding back a tail that may be the start of one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self._held = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """The text that is safe to pass on, and whether a stop string was found (nothing follows it)."""
+        if not self.stops:
+            return text, False
+        buf = self._held + text
+        hits = [i for i in (buf.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self._held = ""
+            return buf[: min(hits)], True
+        keep = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        self._held = buf[len(buf) - keep:]
+        return buf[: len(buf) - keep], False
+
+    def flush(self) -> str:
+        held, self._held = self._held, ""
+        return held
+
+
+# --------------------------------------------------------------------------------------------------
+# Tool calls in a finished reply
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CallOut:
+    """A call as the reply carries it."""
+
+    name: str
+    arguments: str  # JSON text of the arguments object; for a cut-off call, the part the model wrote
+    complete: bool = True
+
+    @classmethod
+    def of(cls, call: ToolCall) -> CallOut:
+        return cls(call.name, json.dumps(call.arguments, ensure_ascii=False))
+
+
+def parse_reply(text: str, tool_names: list[str] | None, dialect: Dialect,
+                forced_function: str | None = None) -> tuple[str | None, list[CallOut]]:
+    """(content, calls) of a finished reply; tool_names None: tools were not offered, the text is content.
+
+    forced_function: the reply was forced to start calling this function; its arguments are the first JSON
+    object after the forced start even if the model never closes the call object around them. A last call
+    whose arguments were cut off (max_tokens) is returned incomplete, with the arguments written so far, as
+    OpenAI does."""
+    if tool_names is None:
+        return text, []
+    at = text.find(CALL_OPENER)
+    if at >= 0:
+        calls = [CallOut.of(c) for c in extract_json_calls(text[at:]) or forced_call(text, forced_function)]
+        cut = cut_off_call(text, at)
+        if cut is not None:
+            calls.append(cut)
+        if calls:
+            content = text[:at].rstrip()
+            return (content if content.strip() else None), calls
+        return text, []
+    calls = json_only_calls(text, dialect) or forced_call(text, forced_function)
+    if calls and all(c.name in tool_names for c in calls):
+        return None, [CallOut.of(c) for c in calls]
+    return text, []
+
+
+def cut_off_call(text: str, start: int) -> CallOut | None:
+    """The last call header after `start`, if its arguments object never closes."""
+    last = None
+    for last in _CALL_HEADER.finditer(text, start):
+        pass
+    if last is None or not text[last.end():].startswith("{") or _ObjectEnd().feed(text[last.end():]) is not None:
+        return None
+    return CallOut(_header_name(last), text[last.end():], complete=False)
+
+
+def _header_name(header: re.Match) -> str:
+    try:
+        return json.loads(f'"{header.group(1)}"')
+    except ValueError:
+        return header.group(1)
+
+
+def forced_call(text: str, name: str | None) -> list[ToolCall]:
+    """The call to `name` whose header the prompt forced, with the first JSON object after it as arguments."""
+    header = _CALL_HEADER.search(text) if name else None
+    if header is None:
+        return []
+    try:
+        args, _ = _DECODER.raw_decode(text, header.end())
+    except ValueError:
+        return []
+    return [ToolCall(name, args)] if isinstance(args, dict) else []
+
+
+def json_only_calls(text: str, dialect: Dialect) -> list[ToolCall]:
+    body = text.strip()
+    fenced = _FENCE.match(body)
+    if fenced:
+        body = fenced.group(1)
+    if dialect.name == "pythonic" and body.startswith("["):
+        return dialect.parse(body)
+    if not body.startswith(("{", "[")):
+        return []
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return []
+    objs = obj if isinstance(obj, list) else [obj]
+    calls = extract_json_calls(json.dumps(objs))
+    return calls if len(calls) == len(objs) else []
+
+
+def openai_tool_call(call: CallOut, call_id: str | None = None) -> dict:
+    return {"id": call_id or new_call_id(), "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments}}
+
+
+# --------------------------------------------------------------------------------------------------
+# Streaming
+# --------------------------------------------------------------------------------------------------
+
+
+class _ObjectEnd:
+    """Finds where a JSON object ends, fed a piece at a time."""
+
+    def __init__(self):
+        self.depth = 0
+        self.in_string = False
+        self.escape = False
+
+    def feed(self, text: str) -> int | None:
+        """Index in `text` just past the object's closing brace, or None if it has not closed yet."""
+        for i, ch in enumerate(text):
+            if self.in_string:
+                if self.escape:
+                    self.escape = False
+                elif ch == "\\":
+                    self.escape = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string = True
+            elif ch in "{[":
+                self.depth += 1
+            elif ch in "}]":
+                self.depth -= 1
+                if self.depth == 0:
+                    return i + 1
+        return None
+
+
+@dataclass
+class _StreamedCall:
+    id: str
+    name: str
+    scanned: int  # the reply text up to here has been scanned for the arguments' end (and sent)
+    end: _ObjectEnd = field(default_factory=_ObjectEnd)
+    done: bool = False
+
+
+class ToolCallStream:
+    """Turns growing reply text into OpenAI stream events:
+    ("content", text), ("call", index, id, name), ("args", index, fragment)."""
+
+    def __init__(self, tool_names: list[str] | None, dialect: Dialect, parallel: bool = True,
+                 forced_function: str | None = None):
+        self.tool_names = tool_names
+        self.forced_function = forced_function
+        self.dialect = dialect
+        self.parallel = parallel
+        self.text = ""
+        self.sent = 0  # content characters sent
+        self.mode = "content" if tool_names is not None else "plain"  # then "calls" or "held" (JSON-only reply)
+        self.cursor = 0  # where to look for the next call header
+        self.calls: list[_StreamedCall] = []
+        self.blocked = False  # a call whose arguments cannot be streamed: it and later calls are sent at the end
+
+    def feed(self, delta: str) -> list[tuple]:
+        self.text += delta
+        events: list[tuple] = []
+        if self.mode == "plain":
+            events += self._send_content(len(self.text))
+        if self.mode == "content":
+            at = self.text.find(CALL_OPENER)
+            if at >= 0:
+                events += self._send_content(len(self.text[:at].rstrip()))
+                self.mode, self.cursor = "calls", at
+            elif self.text.strip()[:1] in ("{", "[", "`") and self.sent == 0:
+                self.mode = "held"  # a JSON-only reply is a call or content: known only at the end
+            else:
+                events += self._send_content(self._content_safe_end())
+        if self.mode == "calls":
+            events += self._stream_calls()
+        return events
+
+    def finish(self) -> tuple[str | None, list[CallOut], list[str], list[tuple]]:
+        """The final content, calls and call ids, and the events that make the stream agree with them."""
+        content, calls = parse_reply(self.text, self.tool_names, self.dialect, self.forced_function)
+        if not self.parallel:
+            calls = calls[:1]
+        events: list[tuple] = []
+        if self.mode in ("plain", "content") or (not calls and not self.calls):
+            events += self._send_content(len(self.text))  # (a call region that holds no call is content)
+        ids = [c.id for c in self.calls[: len(calls)]]
+        for i, call in enumerate(calls[len(self.calls):], start=len(self.calls)):
+            ids.append(new_call_id())
+            events.append(("call", i, ids[-1], call.name))
+            events.append(("args", i, call.arguments))
+        return content, calls, ids, events
+
+    def _content_safe_end(self) -> int:
+        """Send up to the last non-blank character, and not a tail that may be the start of `<tool_call>`."""
+        text = self.text
+        end = len(text.rstrip())
+        for k in range(len(CALL_OPENER) - 1, 0, -1):
+            if text.endswith(CALL_OPENER[:k]):
+                end = min(end, len(text[: len(text) - k].rstrip()))
+                break
+        return end
+
+    def _send_content(self, end: int) -> list[tuple]:
+        if end <= self.sent:
+            return []
+        piece, self.sent = self.text[self.sent:end], end
+        return [("content", piece)]
+
+    def _stream_calls(self) -> list[tuple]:
+        events: list[tuple] = []
+        while True:
+            if self.calls and not self.calls[-1].done:
+                call = self.calls[-1]
+                index = len(self.calls) - 1
+                end = call.end.feed(self.text[call.scanned:])
+                stop = len(self.text) if end is None else call.scanned + end
+                if stop > call.scanned:
+                    events.append(("args", index, self.text[call.scanned:stop]))
+                call.scanned = stop
+                if end is None:
+                    return events
+                call.done = True
+                self.cursor = stop
+            if self.blocked or (self.calls and not self.parallel):
+                return events
+            header = _CALL_HEADER.search(self.text, self.cursor)
+            if header is None or header.end() >= len(self.text):
+                return events
+            if self.text[header.end()] != "{":  # arguments as a JSON string: sent whole at the end
+                self.blocked = True
+                return events
+            name = _header_name(header)
+            call = _StreamedCall(new_call_id(), name, header.end())
+            self.calls.append(call)
+            events.append(("call", len(self.calls) - 1, call.id, name))
+
+
+# --------------------------------------------------------------------------------------------------
+# The reply
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    text: str  # the reply's text (forced start included), cut before a stop string
+    content: str | None
+    tool_calls: list[dict]  # OpenAI tool_calls entries
+    calls_complete: bool  # False: the last call was cut off (its arguments are not complete JSON)
+    completion_tokens: int  # generated tokens up to the one that completed a stop string
+    stopped: bool  # a stop string ended it
+
+
+class ReplyBuilder:
+    """Generated tokens in (`push`, step by step), stream events out (`events`), the final reply (`finish`).
+
+    forced_text: the start of the reply the prompt forced (tool_choice); it is part of the text and parsed
+    with it, but stop strings apply to generated text only.
+    tool_names: the offered tools, or None when the reply is not parsed for calls."""
+
+    def __init__(self, tokenizer, *, stops: list[str], forced_text: str = "", tool_names: list[str] | None,
+                 dialect: Dialect, parallel_tool_calls: bool = True, forced_function: str | None = None):
+        self.detok = Detokenizer(tokenizer)
+        self.stop = StopMatcher(stops)
+        self.calls = ToolCallStream(tool_names, dialect, parallel_tool_calls, forced_function)
+        self.tokens = 0
+        self.stopped = False
+        self.events: list[tuple] = self.calls.feed(forced_text) if forced_text else []
+
+    def push(self, tokens) -> bool:
+        """Take the tokens of one step; True once a stop string has ended the reply (later tokens are ignored)."""
+        for token in tokens:
+            if self.stopped:
+                break
+            self.tokens += 1
+            text, self.stopped = self.stop.feed(self.detok.push(int(token)))
+            if text:
+                self.events += self.calls.feed(text)
+        return self.stopped
+
+    def drain(self) -> list[tuple]:
+        events, self.events = self.events, []
+        return events
+
+    def finish(self) -> Reply:
+        if not self.stopped:
+            rest, self.stopped = self.stop.feed(self.detok.flush())
+            rest += "" if self.stopped else self.stop.flush()
+            if rest:
+                self.events += self.calls.feed(rest)
+        content, calls, ids, events = self.calls.finish()
+        self.events += events
+        tool_calls = [openai_tool_call(c, i) for c, i in zip(calls, ids)]
+        return Reply(text=self.calls.text, content=content, tool_calls=tool_calls,
+                     calls_complete=all(c.complete for c in calls), completion_tokens=self.tokens, stopped=self.stopped)

@@ -1,0 +1,214 @@
+"""The model behind the server: one engine, one drafter (it learns across requests), one prefix cache."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from oospec.drafters import Drafter, make_drafter
+from oospec.engine.decode import Generation
+from oospec.engine.engine import Engine
+from oospec.engine.prefix_cache import PrefixCache
+from oospec.server.errors import APIError, bad_request
+from oospec.server.prompting import Prompt, build_prompt
+from oospec.server.reply import Reply, ReplyBuilder
+from oospec.server.schemas import ChatRequest
+from oospec.server.worker import Cancelled, Job, Worker, timeout_error
+
+
+@dataclass
+class ServerConfig:
+    model_name: str  # the id /v1/models reports and responses carry
+    method: str = "toolspec"
+    max_queue: int = 8  # requests waiting behind the running one; more are refused with 429
+    request_timeout_s: float = 600.0  # from arrival, queueing included
+    default_max_tokens: int = 1024  # when a request gives none (always capped by the context)
+    default_temperature: float = 0.0  # OpenAI's default is 1; greedy is this server's, for lossless speed
+    prefix_cache_mb: float = 512.0  # 0 turns prefix reuse off
+    budget: int | None = None  # most draft tokens verified per forward (None: the engine's default)
+    api_key: str | None = None
+    shutdown_grace_s: float = 30.0
+
+
+@dataclass
+class Work:
+    """What the worker needs for one request."""
+
+    req: ChatRequest
+    prompt: Prompt
+    max_new_tokens: int
+    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+@dataclass
+class Completion:
+    work: Work
+    reply: Reply
+    generation: Generation
+    finish_reason: str
+    queue_s: float
+    stats: dict
+
+
+class ModelService:
+    def __init__(self, engine: Engine, config: ServerConfig, drafter: Drafter | None = None, sidecar=None):
+        self.engine = engine
+        self.config = config
+        self.drafter = drafter if drafter is not None else make_drafter(config.method)
+        self.sidecar = sidecar
+        self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2**20)) if config.prefix_cache_mb > 0 else None
+        self.worker = Worker(self.execute, config.max_queue)
+        self.started = time.time()
+        self.closed = False
+        self.shutting_down = False
+
+    # -- on the HTTP side ----------------------------------------------------------------------------------
+
+    def prepare(self, req: ChatRequest) -> Work:
+        """The prompt and token budget of a request, or a 400 saying why it cannot be served."""
+        prompt = build_prompt(self.engine, req)
+        context = self.engine.target.max_context
+        room = context - prompt.ids.size
+        if room < 1:
+            raise bad_request(f"the prompt has {prompt.ids.size} tokens but the model's context is {context} tokens",
+                              "messages", code="context_length_exceeded")
+        wanted = req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens
+        return Work(req=req, prompt=prompt, max_new_tokens=min(wanted, room))
+
+    def timeout_for(self, req: ChatRequest) -> float:
+        t = self.config.request_timeout_s
+        return min(t, req.options.timeout_s) if req.options.timeout_s else t
+
+    # -- on the worker thread --------------------------------------------------------------------------------
+
+    def execute(self, job: Job) -> Completion:
+        work: Work = job.payload
+        req, prompt = work.req, work.prompt
+        parse_calls = req.tool_schemas is not None and req.tool_choice != "none"
+        reply = ReplyBuilder(self.engine.tokenizer, stops=req.stop, forced_text=prompt.forced_text,
+                             tool_names=req.tool_names if parse_calls else None, dialect=prompt.dialect,
+                             parallel_tool_calls=req.parallel_tool_calls, forced_function=req.forced_function)
+        if job.emit is not None:
+            job.emit(reply.drain())
+
+        def on_tokens(tokens) -> bool:
+            stopped = reply.push(tokens)
+            if job.emit is not None:
+                events = reply.drain()
+                if events:
+                    job.emit(events)
+            return stopped or job.should_stop()
+
+        gen = self.engine.generate(
+            prompt.messages,
+            prompt_ids=prompt.ids,
+            method=self.drafter,
+            max_new_tokens=work.max_new_tokens,
+            budget=self.config.budget,
+            tool_schemas=req.tool_schemas if parse_calls else None,
+            dialect=prompt.dialect.name,
+            prefix_cache=self.prefix_cache,
+            on_tokens=on_tokens,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+        ).generation
+        if job.cancel.is_set():
+            raise Cancelled()
+        if job.expired():
+            raise timeout_error(job.timeout_s)
+        final = reply.finish()
+        if job.emit is not None:
+            job.emit(reply.drain())
+        if final.tool_calls and final.calls_complete:
+            finish_reason = "tool_calls"
+        elif final.stopped or gen.finish_reason == "stop":
+            finish_reason = "stop"
+        else:
+            finish_reason = "length"
+        queue_s = (job.started_at or job.submitted_at) - job.submitted_at
+        return Completion(work, final, gen, finish_reason, queue_s, self._stats(work, gen, final, queue_s))
+
+    def _stats(self, work: Work, gen: Generation, reply: Reply, queue_s: float) -> dict:
+        s = gen.stats
+        greedy = s.sampling == "greedy"
+        out = {
+            "method": self.drafter.name if greedy else "sample",
+            "decoding": "speculative greedy (lossless)" if greedy else s.sampling + ", no speculation",
+            "target_forwards": s.target_forwards,
+            "tau": round(s.tau, 4),
+            "new_tokens": s.new_tokens,
+            "mean_accepted_per_step": round(s.mean_accepted, 4),
+            "prompt_tokens_reused": s.prompt_tokens_reused,
+            "queue_s": round(queue_s, 4),
+            "prefill_s": round(s.prefill_s, 4),
+            "decode_s": round(s.decode_s, 4),
+            "draft_s": round(s.draft_s, 4),
+            "prefix_cache": self.prefix_cache.as_dict() if self.prefix_cache is not None else None,
+        }
+        report = drafter_report(self.drafter)
+        if report:
+            out["drafter"] = report
+        if work.req.options.return_token_ids:
+            out["prompt_token_ids"] = work.prompt.ids.tolist()
+            out["completion_token_ids"] = gen.tokens.tolist()
+        return out
+
+    # -- status and shutdown ---------------------------------------------------------------------------------
+
+    def health(self) -> dict:
+        w = self.worker
+        return {
+            "status": "shutting down" if self.shutting_down else "ok",
+            "model": self.config.model_name,
+            "method": self.drafter.name,
+            "uptime_s": round(time.time() - self.started, 1),
+            "queue": {"waiting": w.waiting, "max": self.config.max_queue, "running": w.running is not None},
+            "requests": {"served": w.served, "rejected": w.rejected, "failed": w.failed},
+            "prefix_cache": self.prefix_cache.as_dict() if self.prefix_cache is not None else None,
+            "sidecar": self.sidecar is not None,
+        }
+
+    def begin_shutdown(self) -> None:
+        """On SIGTERM/SIGINT, before the HTTP server stops: refuse and drop waiting requests now, and cancel the
+        running one if it is still running after the grace period (a stream then ends with an error event)."""
+        if self.shutting_down:
+            return
+        self.shutting_down = True
+        self.worker.drain()
+        timer = threading.Timer(self.config.shutdown_grace_s, self.worker.cancel_running)
+        timer.daemon = True
+        timer.start()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.worker.close(self.config.shutdown_grace_s)
+        if self.sidecar is not None:
+            self.sidecar.close()
+
+
+def drafter_report(drafter: Drafter) -> dict:
+    """Per-request reports of a drafter and its parts (e.g. whether the sidecar's hint arrived and was used):
+    any part with a `report` dict."""
+    out = {}
+    for part in [drafter, *getattr(drafter, "parts", ())]:
+        report = getattr(part, "report", None)
+        if isinstance(report, dict) and report:
+            out[part.name] = report
+    return out
+
+
+def check_api_key(config: ServerConfig, authorization: str | None) -> None:
+    import hmac
+
+    if not config.api_key:
+        return
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    if not hmac.compare_digest(given.encode(), config.api_key.encode()):
+        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                       type="authentication_error", code="invalid_api_key")

@@ -1,0 +1,158 @@
+"""One model, one request at a time: a bounded queue in front of a single worker thread.
+
+The HTTP side submits jobs and waits on their futures; a full queue is answered at once (429), never
+buffered. A job carries its deadline and a cancel flag, which the worker checks before it starts the job and
+the generation checks after every step (a request that timed out, a client that went away, shutdown).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from oospec.server.errors import APIError
+
+log = logging.getLogger("oospec.server")
+
+
+class Cancelled(Exception):
+    """The job was cancelled before or while it ran; nobody is waiting for its result."""
+
+
+def timeout_error(timeout_s: float) -> APIError:
+    return APIError(504, f"the request did not finish within the server's {timeout_s:g} s timeout; retry with a "
+                    "smaller max_tokens or when the server is less busy", type="timeout_error", code="timeout")
+
+
+@dataclass
+class Job:
+    payload: Any  # what `execute` needs (the parsed request and its prompt)
+    timeout_s: float
+    emit: Callable[[list[tuple]], None] | None = None  # stream events, called from the worker thread
+    cancel: threading.Event = field(default_factory=threading.Event)
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+    submitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+
+    @property
+    def deadline(self) -> float:
+        return self.submitted_at + self.timeout_s
+
+    def expired(self) -> bool:
+        return time.monotonic() > self.deadline
+
+    def should_stop(self) -> bool:
+        return self.cancel.is_set() or self.expired()
+
+
+_STOP = object()
+
+
+class Worker:
+    def __init__(self, execute: Callable[[Job], Any], max_queue: int):
+        self.execute = execute
+        self.max_queue = max_queue
+        self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_queue))
+        self._accepting = True
+        self.running: Job | None = None
+        self.mean_service_s = 1.0  # running mean of recent jobs' time, for Retry-After
+        self.served = 0
+        self.rejected = 0
+        self.failed = 0
+        self._thread = threading.Thread(target=self._loop, name="oospec-worker", daemon=True)
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._queue.qsize()
+
+    def submit(self, job: Job) -> None:
+        if not self._accepting:
+            raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
+        try:
+            if self.max_queue <= 0:
+                raise queue.Full
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.rejected += 1
+            retry = max(1, math.ceil(self.mean_service_s * (self.waiting + 1)))
+            raise APIError(429, f"the server is busy ({self.waiting} requests waiting, at most {self.max_queue}); "
+                           f"retry after {retry} s", type="rate_limit_error", code="queue_full",
+                           headers={"Retry-After": str(retry)}) from None
+
+    def _loop(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is _STOP:
+                return
+            self._run(job)
+
+    def _run(self, job: Job) -> None:
+        # A future the waiting side cancelled (timeout, client gone) is not run.
+        if job.cancel.is_set() or not job.future.set_running_or_notify_cancel():
+            _settle(job.future, exc=Cancelled())
+            return
+        if job.expired():
+            _settle(job.future, exc=timeout_error(job.timeout_s))
+            return
+        self.running = job
+        job.started_at = time.monotonic()
+        try:
+            _settle(job.future, result=self.execute(job))
+        except (APIError, Cancelled) as exc:
+            _settle(job.future, exc=exc)
+        except Exception as exc:  # a bug, not a bad request: log it, answer 500 in OpenAI's shape
+            self.failed += 1
+            log.exception("request failed")
+            _settle(job.future, exc=APIError(500, f"internal error: {type(exc).__name__}: {exc}",
+                                             type="server_error", code="internal_error"))
+        finally:
+            elapsed = time.monotonic() - job.started_at
+            self.mean_service_s = 0.7 * self.mean_service_s + 0.3 * elapsed
+            self.served += 1
+            self.running = None
+
+    def drain(self) -> None:
+        """Refuse new jobs and answer the waiting ones 503."""
+        self._accepting = False
+        while True:
+            try:
+                job = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if job is not _STOP:
+                job.cancel.set()
+                _settle(job.future, exc=APIError(503, "the server is shutting down", type="server_error",
+                                                 code="shutting_down"))
+
+    def cancel_running(self) -> None:
+        """Stop the running job after its current step."""
+        running = self.running
+        if running is not None:
+            running.cancel.set()
+
+    def close(self, grace_s: float) -> None:
+        """Drain, let the running job finish for up to `grace_s`, then cancel it and stop the thread."""
+        self.drain()
+        self._queue.put(_STOP)
+        self._thread.join(grace_s)
+        self.cancel_running()
+        self._thread.join(30)
+
+
+def _settle(future: concurrent.futures.Future, result: Any = None, exc: BaseException | None = None) -> None:
+    """Give the future its outcome unless it already has one (cancelled by the side that stopped waiting)."""
+    try:
+        if exc is not None:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass
