@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from oospec.errors import OospecError
+from oospec.training.cli import add_sidecar_parser
 from oospec.server.cli import add_bench_serve_parser, add_serve_parser
 
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
@@ -206,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_demo)
 
     add_serve_parser(sub)
+    add_sidecar_parser(sub)
 
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
     p = bench.add_parser("cost-curve", help="time one target forward verifying k tokens on a cached prompt")

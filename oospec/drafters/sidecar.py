@@ -109,7 +109,8 @@ class SidecarDrafter(Drafter):
         self.args_key = habits.args_key or DIALECT_ARGS_KEY.get(dialect, "arguments")
         opener = habits.openers[0] if habits.openers else DIALECT_OPENERS.get(dialect, ("",))[0]
         chat_tools = request.meta.get("chat_tools")
-        if chat_tools is None and dialect not in ("apibank",):  # tools went through the chat template
+        in_prompt = request.meta.get("tools_in_prompt", dialect == "apibank")
+        if chat_tools is None and not in_prompt:  # the tools went through the chat template: so for the sidecar
             chat_tools = [to_openai(t) for t in tools]
         job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
                   tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
@@ -136,7 +137,8 @@ class SidecarDrafter(Drafter):
             arrived=tokens_written is not None, tokens_written_at_arrival=tokens_written,
             latency_s=round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None,
             compute_s=payload.compute_s, payload_bytes=payload.size_bytes, function=payload.best.function,
-            arguments=payload.best.arguments, alternatives=[g.function for g in payload.alternatives],
+            arguments=payload.best.arguments,
+            alternatives=[{"function": g.function, "arguments": g.arguments} for g in payload.alternatives],
             dropped=list(payload.dropped))
 
     def _poll(self, context: np.ndarray) -> Payload | None:

@@ -1,0 +1,130 @@
+"""`oospec sidecar traces | train | eval`: the sidecar's training pipeline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from oospec.errors import OospecError
+
+
+def build_split(seed: int, heldout_fraction: float, bench_items: int, synthetic_per_tool: int):
+    from oospec.bench.datasets import load_dataset
+    from oospec.training.split import split_by_tool, synthetic_requests
+
+    apibank = [s for lvl in ("1", "2", "3") for s in load_dataset("apibank", split=lvl)]
+    toolalpaca = load_dataset("toolalpaca")
+    bench_tools = {c.name for s in load_dataset("apibank", split="1", limit=bench_items) for c in s.gold or []}
+    split = split_by_tool(apibank + toolalpaca, heldout_fraction, seed, always_heldout=sorted(bench_tools))
+    train_tools = {n for n in split.train_tools}
+    seen, pool = set(), []
+    for s in split.train:
+        for t in s.tools:
+            if t.name in train_tools and t.name not in seen:
+                seen.add(t.name)
+                pool.append(t)
+    split.synthetic = synthetic_requests(pool, per_tool=synthetic_per_tool, seed=seed)
+    return split
+
+
+def cmd_traces(args) -> None:
+    import random
+
+    from oospec.engine.engine import Engine
+    from oospec.training.split import write_manifest
+    from oospec.training.traces import record_traces
+
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    split = build_split(args.seed, args.heldout_fraction, args.bench_items, args.synthetic_per_tool)
+    rng = random.Random(args.seed)
+    train = list(split.train)
+    rng.shuffle(train)
+    train = train[: args.train_items] + split.synthetic[: args.synthetic_items]
+    heldout = [s for s in split.heldout if s.dataset == "apibank"][: args.heldout_items]
+    write_manifest(split, out / "manifest.json", args.seed,
+                   {"apibank": "levels 1-3", "toolalpaca": "eval_simulated", "teacher": args.teacher,
+                    "used_train_items": [s.id for s in train], "used_heldout_items": [s.id for s in heldout]})
+    engine = Engine.from_pretrained(args.teacher)
+    record_traces(engine, train, out / "train_traces.jsonl", max_new_tokens=args.max_new_tokens)
+    record_traces(engine, heldout, out / "heldout_traces.jsonl", max_new_tokens=args.max_new_tokens)
+    print(f"traces in {out}: {len(train)} training requests, {len(heldout)} held-out")
+
+
+def cmd_train(args) -> None:
+    from oospec.training.lora import TrainConfig, train
+    from oospec.training.traces import read_traces
+
+    traces = read_traces(args.traces)
+    if not traces:
+        raise OospecError(f"no traces in {args.traces}: run `oospec sidecar traces` first")
+    cfg = TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
+                      batch_requests=args.batch_requests, seed=args.seed, threads=args.threads)
+    summary = train(traces, args.out, cfg)
+    print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
+
+
+def cmd_eval(args) -> None:
+    import torch
+
+    from oospec.sidecar.predictor import SidecarPredictor
+    from oospec.training.evaluate import agreement, format_table
+    from oospec.training.traces import read_traces
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    traces = read_traces(args.traces)[: args.limit]
+    results = {}
+    for name, adapter in [("base " + args.base, None)] + ([("trained " + args.adapter, args.adapter)] if args.adapter else []):
+        predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter)
+        results[name] = agreement(predictor, traces)
+    table = format_table(results)
+    print(table)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
+        Path(args.out).with_suffix(".md").write_text(table + "\n")
+
+
+def add_sidecar_parser(sub) -> None:
+    sc = sub.add_parser("sidecar", help="train and evaluate the sidecar").add_subparsers(dest="sidecar_cmd", required=True)
+    p = sc.add_parser("traces", help="split by tool, then record the teacher's calls (resumable)")
+    p.add_argument("--out", default="runs/sidecar-data")
+    p.add_argument("--teacher", default="qwen2.5-coder-1.5b")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--heldout-fraction", type=float, default=0.3)
+    p.add_argument("--bench-items", type=int, default=8, help="API-Bank level-1 benchmark items whose tools are held out")
+    p.add_argument("--train-items", type=int, default=60, help="real training requests traced (shuffled)")
+    p.add_argument("--synthetic-per-tool", type=int, default=2)
+    p.add_argument("--synthetic-items", type=int, default=120)
+    p.add_argument("--heldout-items", type=int, default=30)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_traces)
+    p = sc.add_parser("train", help="LoRA on the sidecar's task rows")
+    p.add_argument("--traces", default="runs/sidecar-data/train_traces.jsonl")
+    p.add_argument("--out", default="runs/sidecar-adapter")
+    p.add_argument("--base", default="qwen2.5-coder-0.5b")
+    p.add_argument("--r", type=int, default=16)
+    p.add_argument("--alpha", type=int, default=32)
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--batch-requests", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_train)
+    p = sc.add_parser("eval", help="agreement with the teacher on held-out tools, base vs trained")
+    p.add_argument("--traces", default="runs/sidecar-data/heldout_traces.jsonl")
+    p.add_argument("--base", default="qwen2.5-coder-0.5b")
+    p.add_argument("--adapter", default=None)
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--out", default=None, help="JSON results here (and a .md table beside it)")
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=cmd_eval)
+
+
+__all__ = ["add_sidecar_parser", "argparse"]

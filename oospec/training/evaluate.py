@@ -1,0 +1,57 @@
+"""Offline agreement of a sidecar with the teacher on held-out requests (`oospec sidecar eval`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+
+from oospec.sidecar.protocol import PayloadError, parse_payload
+from oospec.tools.schema import tools_from_openai
+from oospec.training.rows import job_for
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True, ensure_ascii=False) == json.dumps(b, sort_keys=True, ensure_ascii=False)
+
+
+def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
+    """Function accuracy, per-slot exact match and full-call agreement of `predictor` with the teacher's calls."""
+    from tqdm.auto import tqdm
+
+    items = []
+    for trace in tqdm([t for t in traces if t.get("call")], desc="eval", unit="req", disable=not progress):
+        job = job_for(trace)
+        t0 = time.perf_counter()
+        try:
+            payload = parse_payload(predictor.predict(job), job.request_id, tools_from_openai(trace["tools"]))
+            guess = payload.best
+        except (PayloadError, ValueError):
+            guess = None
+        latency = time.perf_counter() - t0
+        call = trace["call"]
+        args = call.get("arguments") or {}
+        fn = guess is not None and guess.function == call["name"]
+        matched = sum(1 for k, v in args.items() if fn and k in guess.arguments and _same(guess.arguments[k], v))
+        full = fn and matched == len(args) and set(guess.arguments) == set(args)
+        items.append({"id": trace["id"], "function": fn, "slots": len(args), "slots_matched": matched, "full": full,
+                      "latency_s": round(latency, 3), "predicted": None if guess is None else
+                      {"function": guess.function, "arguments": guess.arguments}, "teacher": call})
+    n = len(items)
+    slots = sum(i["slots"] for i in items)
+    return {"n": n,
+            "function_accuracy": sum(i["function"] for i in items) / n if n else None,
+            "slot_exact_match": sum(i["slots_matched"] for i in items) / slots if slots else None,
+            "full_call_agreement": sum(i["full"] for i in items) / n if n else None,
+            "mean_latency_s": sum(i["latency_s"] for i in items) / n if n else None,
+            "items": items}
+
+
+def format_table(results: dict[str, dict]) -> str:
+    lines = ["| sidecar | held-out requests | function accuracy | slot exact match | full-call agreement | latency |",
+             "|---|---:|---:|---:|---:|---:|"]
+    pct = lambda x: "–" if x is None else f"{100 * x:.1f}%"  # noqa: E731
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['n']} | {pct(r['function_accuracy'])} | {pct(r['slot_exact_match'])} "
+                     f"| {pct(r['full_call_agreement'])} | {r['mean_latency_s']:.2f} s |")
+    return "\n".join(lines)

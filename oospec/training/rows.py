@@ -1,0 +1,71 @@
+"""Training rows in the sidecar's own task format, exactly as the predictor queries it.
+
+Per request: the prompt once, then one row per function choice (which tool the teacher called) and one row
+per argument slot of that tool (its value, or null where the teacher left an optional slot out), each with
+the same assistant prefix `SidecarPredictor` primes it with (`TaskFormat`). Loss is on the completions only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from oospec.sidecar.predictor import VALUE_OPENERS, Job, TaskFormat
+from oospec.tools.schema import tools_from_openai
+
+DEFAULT_OPENERS = {"hermes": "<tool_call>\n", "apibank": "```json\n", "llama3_json": ""}
+
+
+@dataclass
+class RequestRows:
+    request_id: str
+    prompt: str
+    prefixes: list[str]  # per row: assistant text the predictor primes the row with
+    completions: list[str]  # per row: what the sidecar should write next
+
+
+def job_for(trace: dict) -> Job:
+    """The predictor's job for a traced request, with the opener and arguments key the teacher used."""
+    text, call = trace.get("text") or "", trace.get("call")
+    brace = text.find("{")
+    opener = text[:brace] if call and brace >= 0 else DEFAULT_OPENERS.get(trace.get("dialect"), "")
+    args_key = "parameters" if '"parameters"' in text else "arguments"
+    return Job(trace["id"], trace["messages"], trace["tools"], trace.get("chat_tools"), opener, args_key)
+
+
+def value_completion(value, param_type: str, last: bool) -> str | None:
+    """The row's completion for a value: its JSON after the type's opener (already in the prefix), then the
+    character that ends it. None when the value cannot be written after that opener (wrong type)."""
+    text = "null" if value is None else json.dumps(value, ensure_ascii=False)
+    opener = VALUE_OPENERS.get(param_type, "")
+    if value is not None and opener:
+        if not text.startswith(opener):
+            return None
+        text = text[len(opener):]
+    elif value is None and opener:
+        return None  # the predictor primes a string/array/object row: null cannot follow
+    return text + ("}" if last else ",")
+
+
+def rows_for(trace: dict, fmt: TaskFormat) -> RequestRows | None:
+    call = trace.get("call")
+    if not call:
+        return None
+    tools = {t.name: t for t in tools_from_openai(trace["tools"])}
+    tool = tools.get(call["name"])
+    if tool is None:
+        return None
+    job = job_for(trace)
+    prefixes = [fmt.function_prefix(job)]
+    completions = [call["name"] + f'", "{job.args_key}":']
+    args = call.get("arguments") or {}
+    for i, p in enumerate(tool.parameters):
+        value = args.get(p.name)
+        if p.name not in args and p.name in tool.required:
+            continue  # the teacher broke the schema: nothing to learn from this slot
+        completion = value_completion(value, p.type, i == len(tool.parameters) - 1)
+        if completion is None:
+            continue
+        prefixes.append(fmt.slot_prefix(job, tool.name, p))
+        completions.append(completion)
+    return RequestRows(trace["id"], fmt.prompt(job), prefixes, completions)

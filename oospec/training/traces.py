@@ -1,0 +1,57 @@
+"""Teacher traces: what a larger model writes, greedily, for each training request. Resumable."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from oospec.bench.datasets import Sample
+from oospec.tools.schema import to_openai
+
+
+def trace_record(sample: Sample, text: str) -> dict:
+    try:
+        calls = sample.parse(text)
+    except Exception:
+        calls = []
+    call = calls[0] if calls else None
+    return {"id": sample.id, "dataset": sample.dataset, "messages": sample.messages,
+            "tools": [to_openai(t) for t in sample.tools], "chat_tools": sample.chat_tools(),
+            "dialect": sample.dialect, "text": text,
+            "call": {"name": call.name, "arguments": call.arguments} if call is not None else None}
+
+
+def read_traces(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # a line cut short by an interrupted run: redone next time
+                continue
+    return out
+
+
+def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method: str = "toolspec",
+                  max_new_tokens: int = 128, progress: bool = True) -> list[dict]:
+    """Append a trace per sample not yet in `path` (greedy: any lossless method writes the same text)."""
+    from tqdm.auto import tqdm
+
+    from oospec.drafters import make_drafter
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = {t["id"] for t in read_traces(path)}
+    todo = [s for s in samples if s.id not in done]
+    drafter = make_drafter(method)
+    with open(path, "a", encoding="utf-8") as f:
+        for sample in tqdm(todo, desc="traces", unit="req", disable=not progress):
+            result = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
+                                     dialect=sample.dialect, method=drafter, max_new_tokens=max_new_tokens)
+            f.write(json.dumps(trace_record(sample, result.text), ensure_ascii=False) + "\n")
+            f.flush()
+    return read_traces(path)
