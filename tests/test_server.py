@@ -404,3 +404,50 @@ def test_max_tokens_is_capped_by_the_context(engine):
         assert service.prepare(parse_chat_request({"messages": CHAT})).max_new_tokens == 99
     finally:
         service.close()
+
+
+class InstantSidecar:
+    """A sidecar that answers at once with a fixed guess (SidecarClient's submit/poll interface)."""
+
+    def __init__(self, function, arguments):
+        self.guess = (function, arguments)
+        self.jobs = []
+
+    def submit(self, job, tools):
+        self.jobs.append(job)
+        return {"id": job.request_id}
+
+    def poll(self, ticket):
+        from oospec.sidecar.protocol import Guess, Payload
+
+        return Payload(ticket["id"], Guess(*self.guess), (), size_bytes=80)
+
+    def close(self):
+        pass
+
+
+def test_method_oospec_reports_the_sidecar_and_stays_identical(engine):
+    """The server's drafter can be `oospec` with a sidecar: its hint is used (high tau), reported in the stats,
+    and the output is still plain greedy."""
+    from oospec.bench.serve import serving
+    from oospec.drafters import make_drafter
+    from oospec.server.service import ModelService, ServerConfig
+
+    sidecar = InstantSidecar("get_weather", {"city": "Paris"})
+    service = ModelService(engine, ServerConfig(model_name=MODEL, method="oospec"),
+                           make_drafter("oospec", sidecar=sidecar), sidecar)
+    with serving(service) as url:
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        resp = client.chat.completions.create(model=MODEL, messages=TWO_SHOT, tools=[WEATHER, TIME], max_tokens=48,
+                                              extra_body=RETURN_IDS)
+    stats = resp.model_extra["oospec"]
+    assert stats["method"] == "oospec"
+    report = stats["drafter"]["oospec"]
+    assert report["submitted"] and report["function"] == "get_weather" and report["arguments"] == {"city": "Paris"}
+    assert resp.choices[0].message.tool_calls[0].function.name == "get_weather"
+    prompt, completion = ids_of(resp)
+    assert np.array_equal(completion, engine.generate(prompt_ids=prompt, method="ar",
+                                                      max_new_tokens=int(completion.size)).tokens)
+    # SmolLM2's template has no tools: they reached the sidecar inside the system message, not as chat_tools
+    job = sidecar.jobs[-1]
+    assert job.chat_tools is None and "get_time" in job.messages[0]["content"]

@@ -26,8 +26,11 @@ from oospec.errors import OospecError
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", default="smollm2-135m", help="known model name or local Hugging Face folder")
-    p.add_argument("--methods", default="ar,toolspec", help="comma list of drafters; each runs with reuse off and on")
-    p.add_argument("--sidecar", metavar="MODEL", help="sidecar model for method oospec")
+    p.add_argument("--methods", default="ar,toolspec,oospec",
+                   help="comma list of drafters; each runs with prefix reuse off and on")
+    p.add_argument("--sidecar", "--sidecar-model", dest="sidecar", default="qwen2.5-coder-0.5b", metavar="MODEL",
+                   help="the sidecar of method oospec (default: qwen2.5-coder-0.5b)")
+    p.add_argument("--sidecar-threads", type=int, default=1, help="CPU threads of the sidecar's own process")
     p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
     p.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
     p.add_argument("--max-tokens", type=int, default=128)
@@ -159,15 +162,15 @@ def replay(base_url: str, turns: list, max_tokens: int) -> list[TurnResult]:
             turn=i + 1, latency_s=latency, prompt_tokens=resp.usage.prompt_tokens,
             cached_tokens=resp.usage.prompt_tokens_details.cached_tokens, completion_tokens=resp.usage.completion_tokens,
             finish_reason=resp.choices[0].finish_reason,
-            stats={k: stats[k] for k in ("tau", "target_forwards", "prefill_s", "decode_s", "method")},
+            stats={k: stats.get(k) for k in ("tau", "target_forwards", "prefill_s", "decode_s", "method", "drafter")},
             token_ids=stats["completion_token_ids"], tool_calls=calls,
         ))
     return results
 
 
 def run(args) -> dict:
+    from oospec.drafters import make_drafter
     from oospec.engine.engine import Engine
-    from oospec.server.cli import make_server_drafter
     from oospec.server.service import ModelService, ServerConfig
 
     if args.threads:
@@ -182,24 +185,36 @@ def run(args) -> dict:
     engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
     print(f"dialogue {name}: {len(turns)} turns; target {args.target}; configs: "
           f"{', '.join(c.label for c in configs)}", file=sys.stderr)
+    sidecar = None
+    if any(c.method in ("oospec", "sidecar") for c in configs):
+        from oospec.sidecar import SidecarClient
+
+        sidecar = SidecarClient(args.sidecar, threads=args.sidecar_threads, device=args.device)
     results: dict[str, list[TurnResult]] = {}
-    for config in configs:
-        drafter, sidecar = make_server_drafter(config.method, args.sidecar if config.method == "oospec" else None,
-                                               1, "cpu")
-        service = ModelService(engine, ServerConfig(
-            model_name=args.target, method=config.method, prefix_cache_mb=args.prefix_cache_mb if config.reuse else 0,
-        ), drafter, sidecar)
-        with serving(service) as url:
-            results[config.label] = replay(url, turns, args.max_tokens)
-        service.close()
-        total = sum(r.latency_s for r in results[config.label])
-        print(f"  {config.label:24} total {total:7.2f} s", file=sys.stderr)
+    try:
+        for config in configs:
+            # A fresh drafter per configuration (drafters learn across turns); one sidecar process for all.
+            options = {"sidecar": sidecar} if config.method in ("oospec", "sidecar") else {}
+            service = ModelService(engine, ServerConfig(
+                model_name=args.target, method=config.method,
+                prefix_cache_mb=args.prefix_cache_mb if config.reuse else 0,
+            ), make_drafter(config.method, **options))
+            with serving(service) as url:
+                results[config.label] = replay(url, turns, args.max_tokens)
+            service.close()
+            total = sum(r.latency_s for r in results[config.label])
+            print(f"  {config.label:24} total {total:7.2f} s", file=sys.stderr)
+    finally:
+        if sidecar is not None:
+            sidecar.close()
     reference = results[configs[0].label]
     identical = {label: all(a.token_ids == b.token_ids for a, b in zip(rs, reference)) for label, rs in results.items()}
     return {
         "dialogue": name,
         "target": args.target,
         "threads": args.threads,
+        "sidecar": args.sidecar if sidecar is not None else None,
+        "sidecar_threads": args.sidecar_threads if sidecar is not None else None,
         "max_tokens": args.max_tokens,
         "configs": [c.label for c in configs],
         "identical_to_first": identical,
@@ -213,8 +228,9 @@ def markdown(report: dict) -> str:
     base = labels[0]
     lines = [
         f"Dialogue `{report['dialogue']}` (API-Bank level 1), target `{report['target']}`, "
-        f"max_tokens {report['max_tokens']}, {report['threads'] or 'all'} thread(s). Latency per turn in seconds, "
-        "client side (request sent to full response received).",
+        f"max_tokens {report['max_tokens']}, {report['threads'] or 'all'} target thread(s)"
+        + (f", sidecar `{report['sidecar']}` on {report['sidecar_threads']} thread(s)" if report.get("sidecar") else "")
+        + ". Latency per turn in seconds, client side (request sent to full response received).",
         "",
         "| turn | prompt tokens | " + " | ".join(labels) + " | cached tokens (reuse) |",
         "|---:|---:|" + "---:|" * len(labels) + "---:|",
@@ -227,14 +243,17 @@ def markdown(report: dict) -> str:
     totals = {lb: sum(r["latency_s"] for r in turns[lb]) for lb in labels}
     lines.append("| total | | " + " | ".join(f"{totals[lb]:.2f}" for lb in labels) + " | |")
     lines += ["", "| configuration | total s | speed-up vs " + base + " | prefill s | decode s | mean tau | "
-              "identical output |", "|---|---:|---:|---:|---:|---:|---|"]
+              "sidecar hint in time | identical output |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for lb in labels:
         rs = turns[lb]
         prefill = sum(r["stats"]["prefill_s"] for r in rs)
         decode = sum(r["stats"]["decode_s"] for r in rs)
         tau = sum(r["stats"]["tau"] for r in rs) / len(rs)
+        reports = [(r["stats"].get("drafter") or {}).get("oospec") or (r["stats"].get("drafter") or {}).get("sidecar")
+                   for r in rs]
+        hints = f"{sum(bool(x and x.get('arrived')) for x in reports)}/{len(rs)}" if any(reports) else "-"
         lines.append(f"| {lb} | {totals[lb]:.2f} | {totals[base] / totals[lb]:.2f}x | {prefill:.2f} | {decode:.2f} | "
-                     f"{tau:.2f} | {'yes' if report['identical_to_first'][lb] else 'NO'} |")
+                     f"{tau:.2f} | {hints} | {'yes' if report['identical_to_first'][lb] else 'NO'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -35,6 +35,7 @@ class Prompt:
     messages: list[dict]  # the messages as given to the chat template (drafters read the user's words here)
     forced_text: str  # the start of the reply the prompt forces ("" when tool_choice is none or auto)
     dialect: Dialect
+    template_tools: list[dict]  # the tools the chat template was given ([]: none, or written into the messages)
 
 
 def template_knows_tools(tokenizer) -> bool:
@@ -66,7 +67,8 @@ def build_prompt(engine, req: ChatRequest) -> Prompt:
         raise bad_request(str(exc), "messages") from None
     except Exception as exc:  # the template's own checks (role order, missing fields)
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
-    return Prompt(ids=ids, messages=messages, forced_text=forced, dialect=dialect)
+    return Prompt(ids=ids, messages=messages, forced_text=forced, dialect=dialect,
+                  template_tools=template_tools or [])
 
 
 def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:

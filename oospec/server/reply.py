@@ -120,36 +120,60 @@ def parse_reply(text: str, tool_names: list[str] | None, dialect: Dialect,
                 forced_function: str | None = None) -> tuple[str | None, list[CallOut]]:
     """(content, calls) of a finished reply; tool_names None: tools were not offered, the text is content.
 
-    forced_function: the reply was forced to start calling this function; its arguments are the first JSON
-    object after the forced start even if the model never closes the call object around them. A last call
-    whose arguments were cut off (max_tokens) is returned incomplete, with the arguments written so far, as
-    OpenAI does."""
+    forced_function: the reply was forced to start calling this function (tool_choice), so a reply without
+    `<tool_call>` is still read call by call."""
     if tool_names is None:
         return text, []
     at = text.find(CALL_OPENER)
     if at >= 0:
-        calls = [CallOut.of(c) for c in extract_json_calls(text[at:]) or forced_call(text, forced_function)]
-        cut = cut_off_call(text, at)
-        if cut is not None:
-            calls.append(cut)
+        calls = calls_in_region(text, at)
         if calls:
             content = text[:at].rstrip()
             return (content if content.strip() else None), calls
         return text, []
-    calls = json_only_calls(text, dialect) or forced_call(text, forced_function)
+    calls = [CallOut.of(c) for c in json_only_calls(text, dialect)] or (calls_in_region(text, 0) if forced_function
+                                                                           else [])
     if calls and all(c.name in tool_names for c in calls):
-        return None, [CallOut.of(c) for c in calls]
+        return None, calls
     return text, []
 
 
-def cut_off_call(text: str, start: int) -> CallOut | None:
-    """The last call header after `start`, if its arguments object never closes."""
-    last = None
-    for last in _CALL_HEADER.finditer(text, start):
-        pass
-    if last is None or not text[last.end():].startswith("{") or _ObjectEnd().feed(text[last.end():]) is not None:
+def calls_in_region(text: str, start: int) -> list[CallOut]:
+    """The calls after `start`, read as the stream reads them: each `{"name": ..., "arguments": ` header, then
+    its arguments value, whether or not the model closes the object around it. Arguments that do not parse
+    are returned as written (as OpenAI does: arguments are not guaranteed to be valid JSON); a last call cut
+    off before its arguments close is returned incomplete. Replies in other shapes (keys in another order)
+    fall back to the dialects' lenient JSON extraction."""
+    calls: list[CallOut] = []
+    cursor = start
+    while (header := _CALL_HEADER.search(text, cursor)) is not None:
+        name, at = _header_name(header), header.end()
+        if text.startswith("{", at):
+            end = _ObjectEnd().feed(text[at:])
+            if end is None:
+                calls.append(CallOut(name, text[at:], complete=False))
+                break
+            raw = text[at:at + end]
+            args = _json_or_none(raw)
+            calls.append(CallOut(name, json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else raw))
+            cursor = at + end
+            continue
+        try:  # arguments written as a JSON string holding the object
+            value, end = _DECODER.raw_decode(text, at)
+        except ValueError:
+            break
+        args = _json_or_none(value) if isinstance(value, str) else value
+        if isinstance(args, dict):
+            calls.append(CallOut(name, json.dumps(args, ensure_ascii=False)))
+        cursor = end
+    return calls or [CallOut.of(c) for c in extract_json_calls(text[start:])]
+
+
+def _json_or_none(raw: str):
+    try:
+        return json.loads(raw)
+    except ValueError:
         return None
-    return CallOut(_header_name(last), text[last.end():], complete=False)
 
 
 def _header_name(header: re.Match) -> str:
@@ -157,18 +181,6 @@ def _header_name(header: re.Match) -> str:
         return json.loads(f'"{header.group(1)}"')
     except ValueError:
         return header.group(1)
-
-
-def forced_call(text: str, name: str | None) -> list[ToolCall]:
-    """The call to `name` whose header the prompt forced, with the first JSON object after it as arguments."""
-    header = _CALL_HEADER.search(text) if name else None
-    if header is None:
-        return []
-    try:
-        args, _ = _DECODER.raw_decode(text, header.end())
-    except ValueError:
-        return []
-    return [ToolCall(name, args)] if isinstance(args, dict) else []
 
 
 def json_only_calls(text: str, dialect: Dialect) -> list[ToolCall]:

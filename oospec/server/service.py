@@ -110,6 +110,8 @@ class ModelService:
             budget=self.config.budget,
             tool_schemas=req.tool_schemas if parse_calls else None,
             dialect=prompt.dialect.name,
+            # the sidecar renders its prompt from the messages and the tools as the template got them
+            request_meta={"chat_tools": prompt.template_tools},
             prefix_cache=self.prefix_cache,
             on_tokens=on_tokens,
             temperature=req.temperature,
@@ -195,10 +197,11 @@ class ModelService:
 def drafter_report(drafter: Drafter) -> dict:
     """Per-request reports of a drafter and its parts (e.g. whether the sidecar's hint arrived and was used):
     any part with a `report` dict."""
-    out = {}
+    out, seen = {}, set()
     for part in [drafter, *getattr(drafter, "parts", ())]:
         report = getattr(part, "report", None)
-        if isinstance(report, dict) and report:
+        if isinstance(report, dict) and report and id(report) not in seen:  # a drafter may share its part's
+            seen.add(id(report))
             out[part.name] = report
     return out
 
