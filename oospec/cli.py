@@ -26,7 +26,9 @@ def _add_runtime_options(p: argparse.ArgumentParser) -> None:
 def _add_sidecar_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sidecar-model", default="qwen2.5-coder-0.5b",
                    help="the sidecar of --method oospec/sidecar: a known model name or a local Hugging Face folder")
-    p.add_argument("--sidecar-adapter", default=None, help="a LoRA adapter folder for the sidecar model")
+    p.add_argument("--sidecar-adapter", default="auto",
+                   help="LoRA adapter of the sidecar: auto (the one shipped for the default sidecar model), none (the "
+                        "base model), or an adapter folder")
     p.add_argument("--sidecar-threads", type=int, default=1, help="CPU threads of the sidecar's own process")
     p.add_argument("--sidecar-device", default="cpu", help="the sidecar's device: cpu, cuda:1, ...")
 

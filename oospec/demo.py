@@ -15,7 +15,7 @@ from oospec.engine.engine import Engine
 
 def run_demo(model: str, method: str, sample_index: int, warmup_samples: int, max_new_tokens: int,
              threads: int | None = None, sidecar_model: str = "qwen2.5-coder-0.5b", sidecar_threads: int = 1,
-             sidecar_device: str = "cpu", sidecar_adapter: str | None = None) -> bool:
+             sidecar_device: str = "cpu", sidecar_adapter: str | None = "auto") -> bool:
     import os
 
     import torch

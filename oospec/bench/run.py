@@ -69,7 +69,7 @@ class BenchConfig:
     sidecar_model: str = "qwen2.5-coder-0.5b"
     sidecar_threads: int = 1
     sidecar_device: str = "cpu"
-    sidecar_adapter: str | None = None
+    sidecar_adapter: str | None = "auto"  # see oospec.sidecar.process.resolve_adapter
     out: str | Path | None = None
     assistant: str = "qwen2.5-coder-0.5b"
     dtype: str = "auto"
@@ -700,7 +700,7 @@ def _run_benchmark(cfg: BenchConfig, engine, assistant_model, assistant_tokenize
         "optimize": cfg.optimize,
         "kernels": kernels_note(cfg.optimize),
         "assistant": cfg.assistant if "hf-assisted" in methods else None,
-        "sidecar": {"model": cfg.sidecar_model, "adapter": cfg.sidecar_adapter, "threads": cfg.sidecar_threads,
+        "sidecar": {"model": cfg.sidecar_model, "adapter": _resolved_adapter(cfg), "threads": cfg.sidecar_threads,
                     "device": cfg.sidecar_device} if sidecar is not None else None,
         "target_threads": target_threads,
         "max_new_tokens": cfg.max_new_tokens,
@@ -800,6 +800,12 @@ def _run_benchmark(cfg: BenchConfig, engine, assistant_model, assistant_tokenize
     return {"summary": public, "out": out, "report": report, "divergences": divergences}
 
 
+def _resolved_adapter(cfg: BenchConfig) -> str | None:
+    from oospec.sidecar.process import resolve_adapter
+
+    return resolve_adapter(cfg.sidecar_model, cfg.sidecar_adapter)
+
+
 def kernels_note(optimize: bool) -> str:
     """What Engine.from_pretrained(optimize=...) actually did: the CPU kernels are optional."""
     if not optimize:
@@ -837,8 +843,7 @@ def command_line(cfg: BenchConfig) -> str:
     if any(m in SIDECAR_METHODS for m in (cfg.methods if isinstance(cfg.methods, list) else cfg.methods.split(","))):
         parts += ["--sidecar-model", cfg.sidecar_model, "--sidecar-threads", str(cfg.sidecar_threads),
                   "--sidecar-device", cfg.sidecar_device]
-        if cfg.sidecar_adapter:
-            parts += ["--sidecar-adapter", cfg.sidecar_adapter]
+        parts += ["--sidecar-adapter", str(cfg.sidecar_adapter or "none")]
     if cfg.out:
         parts += ["--out", str(cfg.out)]
     if "hf-assisted" in (cfg.methods if isinstance(cfg.methods, list) else cfg.methods.split(",")):

@@ -24,6 +24,7 @@ import uuid
 from multiprocessing.connection import Connection
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from oospec.sidecar.predictor import Job
@@ -35,11 +36,28 @@ log = logging.getLogger("oospec.sidecar")
 DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"
 
 
-def make_predictor(model: str = DEFAULT_SIDECAR, dtype: str = "auto", device: str = "cpu", adapter: str | None = None,
+# The LoRA adapter trained by `oospec sidecar train` and shipped with the package, per base model.
+ADAPTERS_DIR = Path(__file__).parent / "adapters"
+SHIPPED_ADAPTERS = {DEFAULT_SIDECAR: "qwen2.5-coder-0.5b-toolcalls"}
+
+
+def resolve_adapter(model: str, adapter: str | None) -> str | None:
+    """'auto': the shipped adapter for this base model if there is one; 'none'/None: no adapter; else a folder."""
+    if adapter in (None, "", "none"):
+        return None
+    if adapter == "auto":
+        name = SHIPPED_ADAPTERS.get(model)
+        path = ADAPTERS_DIR / name if name else None
+        return str(path) if path is not None and (path / "adapter_config.json").is_file() else None
+    return adapter
+
+
+def make_predictor(model: str = DEFAULT_SIDECAR, dtype: str = "auto", device: str = "cpu", adapter: str | None = "auto",
                    **kwargs):
     from oospec.sidecar.predictor import SidecarPredictor
 
-    return SidecarPredictor.from_pretrained(model, dtype=dtype, device=device, adapter=adapter, **kwargs)
+    return SidecarPredictor.from_pretrained(model, dtype=dtype, device=device, adapter=resolve_adapter(model, adapter),
+                                            **kwargs)
 
 
 @dataclass
@@ -71,7 +89,7 @@ class SidecarClient:
     """
 
     def __init__(self, model: str = DEFAULT_SIDECAR, *, threads: int | None = 1, device: str = "cpu",
-                 dtype: str = "auto", adapter: str | None = None, factory: str = "oospec.sidecar.process:make_predictor",
+                 dtype: str = "auto", adapter: str | None = "auto", factory: str = "oospec.sidecar.process:make_predictor",
                  factory_options: dict | None = None, hang_timeout_s: float = 120.0, max_restarts: int = 3,
                  wait_ready: bool = True, ready_timeout_s: float = 600.0):
         self.model = model

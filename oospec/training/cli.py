@@ -77,7 +77,13 @@ def cmd_eval(args) -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    traces = read_traces(args.traces)[: args.limit]
+    if args.from_bench:
+        from oospec.training.traces import traces_from_bench
+
+        dataset, _, split = args.from_bench_dataset.partition(":")
+        traces = traces_from_bench(args.from_bench, dataset, split or None)[: args.limit]
+    else:
+        traces = read_traces(args.traces)[: args.limit]
     results = {}
     for name, adapter in [("base " + args.base, None)] + ([("trained " + args.adapter, args.adapter)] if args.adapter else []):
         predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter)
@@ -121,6 +127,9 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--traces", default="runs/sidecar-data/heldout_traces.jsonl")
     p.add_argument("--base", default="qwen2.5-coder-0.5b")
     p.add_argument("--adapter", default=None)
+    p.add_argument("--from-bench", default=None, metavar="SAMPLES_JSONL",
+                   help="held-out traces from a `bench run`: its ar outputs are the teacher's calls")
+    p.add_argument("--from-bench-dataset", default="apibank:1", help="dataset[:split] of --from-bench")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON results here (and a .md table beside it)")
     p.add_argument("--threads", type=int, default=None)

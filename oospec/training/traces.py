@@ -55,3 +55,17 @@ def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method
             f.write(json.dumps(trace_record(sample, result.text), ensure_ascii=False) + "\n")
             f.flush()
     return read_traces(path)
+
+
+def traces_from_bench(samples_jsonl: str | Path, dataset: str, split: str | None = None,
+                      method: str = "ar") -> list[dict]:
+    """Teacher traces from a `bench run`: its `ar` outputs are the target's greedy calls on those items."""
+    from oospec.bench.datasets import load_dataset
+
+    by_id = {s.id: s for s in load_dataset(dataset, split=split)}
+    out = []
+    for line in Path(samples_jsonl).read_text(encoding="utf-8").splitlines():
+        rec = json.loads(line)
+        if rec.get("method") == method and rec.get("sample_id") in by_id:
+            out.append(trace_record(by_id[rec["sample_id"]], rec["text"]))
+    return out
