@@ -309,7 +309,8 @@ def test_bad_payloads_fall_back_to_toolspec(smol_engine, apibank_case, caplog):
     toolspec = make_drafter("toolspec")
     with fake_client(mode="from-job") as client, caplog.at_level(logging.WARNING, logger="oospec.sidecar"):
         oospec = make_drafter("oospec", sidecar=client)
-        for mode, kind in [*CONTENT_FAULTS.items(), *CONTENT_FAULTS.items()]:
+        # Every fault once, two of them twice (a repeated fault is not logged again).
+        for mode, kind in [*CONTENT_FAULTS.items(), ("invalid-json", "invalid-json"), ("other-request", "wrong-request")]:
             messages = [*sample.messages[:-1], {**sample.messages[-1],
                                                 "content": sample.messages[-1]["content"] + f" [fault:{mode}]"}]
             ticket = client.submit(Job("probe", messages, [to_openai(t) for t in sample.tools]), sample.tools)
