@@ -21,9 +21,9 @@ import subprocess
 import sys
 import time
 import uuid
-from multiprocessing.connection import Connection
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -136,4 +135,4 @@ def add_sidecar_parser(sub) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-__all__ = ["add_sidecar_parser", "argparse"]
+__all__ = ["add_sidecar_parser"]
