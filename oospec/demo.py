@@ -91,6 +91,13 @@ def _demo(console, engine, model, method, sidecar, sample_index, warmup_samples,
             console.print(f"\n[bold]sidecar payload[/] ({report['payload_bytes']} bytes, computed in "
                           f"{report['compute_s']:.1f} s, arrived {when}):")
             console.print(json.dumps(payload, ensure_ascii=False), markup=False)
+            if report.get("followup"):
+                f = report["followup"]
+                console.print(f"the target chose {f['function']}: its slots were asked for after "
+                              f"{f['tokens_written_at_submit']} tokens"
+                              + (f" and arrived after {f['tokens_written_at_arrival']}" if f.get("arrived") else ""))
+        elif report.get("no_call"):
+            console.print(f"\n[bold]sidecar[/]: expects no call (call probability {report['call_probability']:.2f})")
         else:
             console.print(f"\n[bold]sidecar[/]: no payload ({report.get('fault') or 'none arrived in time'}); "
                           "decoding went on without hints")

@@ -96,7 +96,7 @@ def test_samples_jsonl(bench_result):
 
 def test_report_table(bench_result):
     report = (bench_result["out"] / "report.md").read_text()
-    assert "| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction" in report
+    assert "| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | of oracle's speed-up | oracle fraction" in report
     assert "## apibank" in report and "| oracle | 2 |" in report and "| toolspec | 2 |" in report
     assert "torch threads" in report and "command:" in report and "float32" in report
 
@@ -135,8 +135,9 @@ def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
     """`oospec` in the benchmark: a sidecar process (a scripted one here), cores per method, sidecar table."""
     from oospec.sidecar import SidecarClient
 
-    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "toolspec", "oospec", "ar-all-cores"], target="tiny-random",
-                      limit=2, max_new_tokens=24, budget=8, out=tmp_path, progress=False, echo=False, threads=1)
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "toolspec", "oospec", "oospec-wait", "ar-all-cores"],
+                      target="tiny-random", limit=2, max_new_tokens=24, budget=8, out=tmp_path, progress=False,
+                      echo=False, threads=1)
     with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good"}) as client:
         result = bench_run.run_benchmark(cfg, engine=tiny_engine, sidecar=client)
     rows = result["summary"]["apibank"]
@@ -148,5 +149,9 @@ def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
     oospec = [r for r in records if r["method"] == "oospec"]
     assert all("function_match" in r["sidecar"] and "latency_s" in r["sidecar"] for r in oospec)
+    # oospec-wait: the target waited for the payload at its first draft, so the hints were always in time.
+    waited = [r for r in records if r["method"] == "oospec-wait"]
+    assert rows["oospec-wait"]["identical_rate"] == 1.0 and rows["oospec-wait"]["cores"] == "1+1"
+    assert all(r["sidecar"]["waited_s"] >= 0 and r["sidecar"]["arrived"] for r in waited)
     report = (tmp_path / "report.md").read_text()
     assert "Sidecar:" in report and "| oospec | 2 | 100% |" in report

@@ -92,6 +92,14 @@ def test_callscan_tracks_states():
     assert [c.text for c in conts] == ["rue"]
     scan.feed('rue}}')
     assert scan.calls_done == 1 and scan.name == "ModifyRegistration" and scan.opener == "<tool_call>\n"
+    # Before the target has finished a request, its opener says how the call is closed; after, its habit does.
+    conts = structure_continuations(scan, TOOLS, Habits(), "parameters", ())
+    assert [(c.text, c.end_of_turn) for c in conts] == [("\n</tool_call>", True)]
+    learned = Habits(closers=["\n</tool_call>\n"])
+    assert [c.text for c in structure_continuations(scan, TOOLS, learned, "parameters", ())] == ["\n</tool_call>\n"]
+    fenced = CallScanner(Habits().style)
+    fenced.feed('```json\n{"name": "CancelRegistration", "parameters": {"appointment_id": "1"}}\n`')
+    assert [c.text for c in structure_continuations(fenced, TOOLS, Habits(), "parameters", ())] == ["``"]
 
 
 def test_callscan_ignores_braces_inside_strings():

@@ -58,6 +58,10 @@ def test_payload_round_trip_and_checks():
     with pytest.raises(PayloadError) as e:
         parse_payload(raw, "r2", TOOLS)
     assert e.value.kind == "wrong-request"
+    # "No call expected" is an answer too: no guesses, the sidecar's belief kept.
+    none = parse_payload(encode_payload("r1", [], 0.1, 1.0, call_probability=0.12), "r1", TOOLS)
+    assert none.best is None and none.guesses == () and none.call_probability == 0.12
+    assert parse_payload(encode_payload("r1", [Guess("get_time", {})], 0, 0, 1.7), "r1", TOOLS).call_probability is None
     with pytest.raises(PayloadError) as e:
         parse_payload(b'{"id": "r1", "function": ', "r1", TOOLS)
     assert e.value.kind == "invalid-json"
@@ -81,19 +85,26 @@ def test_payload_round_trip_and_checks():
 
 # -- hint rendering and alignment --------------------------------------------------------------------------
 class InstantSidecar:
-    """Answers at submit time with a fixed payload (or never, with payload=None)."""
+    """Answers at submit time with a fixed payload (or never, with payload=None); a job naming its function
+    (the follow-up once the target has chosen one) gets `slots[function]`, if given."""
 
-    def __init__(self, guesses):
+    def __init__(self, guesses, slots: dict | None = None):
         self.guesses = guesses
+        self.slots = slots or {}
         self.jobs = []
 
     def submit(self, job, tools):
         self.jobs.append(job)
-        return {"id": job.request_id}
+        return {"id": job.request_id, "function": job.function}
 
     def poll(self, ticket):
+        if ticket["function"] is not None:
+            args = self.slots.get(ticket["function"])
+            return None if args is None else Payload(ticket["id"], Guess(ticket["function"], args), (), size_bytes=60)
         if self.guesses is None:
             return None
+        if not self.guesses:  # "no call expected"
+            return Payload(ticket["id"], None, (), size_bytes=40, call_probability=0.1)
         return Payload(ticket["id"], self.guesses[0], tuple(self.guesses[1:]), size_bytes=80)
 
 
@@ -112,11 +123,11 @@ class CharTokenizer:
         return [chr(i) for i in ids]
 
 
-def drafter_after(text: str, guesses, dialect="hermes"):
+def drafter_after(text: str, guesses, dialect="hermes", slots=None):
     from oospec.drafters.base import Request
 
     schema = SchemaDrafter()
-    drafter = SidecarDrafter(InstantSidecar(guesses), schema=schema)
+    drafter = SidecarDrafter(InstantSidecar(guesses, slots), schema=schema)
     prompt = np.array([ord("x")], dtype=np.int64)
     req = Request(prompt_ids=prompt, eos_ids=frozenset({0}), tokenizer=CharTokenizer(),
                   messages=[{"role": "user", "content": "weather in Paris for 3 days"}], tools=TOOLS, dialect=dialect)
@@ -129,6 +140,7 @@ def drafter_after(text: str, guesses, dialect="hermes"):
 
 
 GOOD = Guess("get_weather", {"city": "Paris", "days": 3, "metric": True})
+END = "\n</tool_call>\x00"
 
 
 def test_renderer_matches_the_call_text():
@@ -158,17 +170,37 @@ def test_sidecar_drafter_aligns_and_realigns(written, expected):
     _, texts = drafter_after(written, [GOOD])
     if expected is None:
         assert texts == []
-    else:
-        assert texts[0] == expected
+    else:  # a whole call is followed by the closer its opener calls for, and end of turn (id 0 here)
+        assert texts[0] == (expected + END)[: SidecarDrafter().max_tokens]
 
 
 def test_alternative_function_becomes_a_branch():
     alt = Guess("get_time", {"zone": "CET"})
     _, texts = drafter_after('<tool_call>\n{"name": "get_', [GOOD, alt])
-    assert texts == ['weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}',
-                     'time", "arguments": {"zone": "CET"}}']
+    assert texts == ['weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}' + END,
+                     'time", "arguments": {"zone": "CET"}}' + END]
     _, texts = drafter_after('<tool_call>\n{"name": "get_time", ', [GOOD, alt])
-    assert texts == ['"arguments": {"zone": "CET"}}']
+    assert texts == ['"arguments": {"zone": "CET"}}' + END]
+
+
+def test_target_choosing_another_function_asks_for_its_slots():
+    drafter, texts = drafter_after('<tool_call>\n{"name": "get_time", ', [GOOD], slots={"get_time": {"zone": "CET"}})
+    follow_up = drafter.sidecar.jobs[-1]
+    assert follow_up.function == "get_time" and follow_up.messages == drafter.sidecar.jobs[0].messages
+    assert drafter.report["followup"]["function"] == "get_time"
+    written = np.array([ord(c) for c in '<tool_call>\n{"name": "get_time", '], dtype=np.int64)
+    texts = ["".join(map(chr, c.tokens)) for c in drafter.candidates(np.concatenate([[ord("x")], written]))]
+    assert texts == ['"arguments": {"zone": "CET"}}' + END] and drafter.report["followup"]["arrived"]
+    assert len(drafter.sidecar.jobs) == 2  # asked once
+    # The sidecar expected no call: nothing is drafted from it, until the target names a function after all.
+    drafter, texts = drafter_after('<tool_call>\n{"name": "get_', [])
+    assert texts == [] and drafter.report["no_call"] and len(drafter.sidecar.jobs) == 1
+    drafter, _ = drafter_after('<tool_call>\n{"name": "get_time", ', [], slots={"get_time": {"zone": "CET"}})
+    assert drafter.sidecar.jobs[-1].function == "get_time"
+    # A function that is one of the guesses, or no tool at all, asks nothing more.
+    for name in ("get_weather", "no_such_tool"):
+        drafter, _ = drafter_after(f'<tool_call>\n{{"name": "{name}", ', [GOOD], slots={"get_time": {"zone": "CET"}})
+        assert len(drafter.sidecar.jobs) == 1 and "followup" not in drafter.report
 
 
 def test_no_payload_no_candidates():
@@ -196,6 +228,17 @@ def test_row_runner_batches_equal_single_rows():
         ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=6,
                              pad_token_id=0)[0, ids.shape[1]:].numpy()
         assert np.array_equal(gen, ref)
+    # A prefix that shares its start with the cached one is encoded from where they part, with the same result.
+    for longer in (prefix + [61, 62, 63], prefix[:4] + [70, 71], prefix[:3]):
+        runner.encode_prefix(longer)
+        fresh = RowRunner(model)
+        fresh.encode_prefix(longer)
+        assert runner.prefix_ids == longer and torch.allclose(runner.prefix_logits, fresh.prefix_logits, atol=1e-4)
+        assert all(torch.allclose(a.keys[:, :, : len(longer)], b.keys[:, :, : len(longer)], atol=1e-5)
+                   for a, b in zip(runner._prefix_layers, fresh._prefix_layers))
+        lp, gen = runner.run(suffixes, steps=4, keep_all_logits=True)
+        lp2, gen2 = fresh.run(suffixes, steps=4, keep_all_logits=True)
+        assert np.array_equal(gen, gen2) and all(np.allclose(a, b, atol=1e-4) for a, b in zip(lp, lp2))
 
 
 def test_common_prefix_len():
@@ -218,6 +261,12 @@ def test_predictor_payload_on_real_model(smol_predictor):
     # Every slot value the small model produced is typed by the schema (parse_payload keeps only those).
     assert set(payload.best.arguments) <= {p.name for p in TOOLS[0].parameters} | {"zone"}
     assert not payload.dropped
+    # The follow-up once the target has chosen: that function's slots only.
+    forced = Job("r2", job.messages, WEATHER, chat_tools=WEATHER, opener="<tool_call>\n", function="get_time")
+    payload = parse_payload(smol_predictor.predict(forced), "r2", TOOLS)
+    assert payload.best.function == "get_time" and not payload.alternatives
+    with pytest.raises(ValueError, match="does not offer"):
+        smol_predictor.predict(Job("r3", job.messages, WEATHER, function="rm_rf"))
 
 
 # -- faults: the sidecar is an optimisation, never a dependency ------------------------------------------
@@ -277,6 +326,19 @@ def test_lying_hints_are_harmless(smol_engine, apibank_case):
     for lie in lies:
         out = generate(smol_engine, sample, prompt, make_drafter("oospec", sidecar=InstantSidecar([lie, guess])))
         assert np.array_equal(out.tokens, ref), lie
+
+
+def test_wrong_function_is_corrected_by_a_follow_up(smol_engine, apibank_case):
+    """The payload names another tool; once the target writes its own, the sidecar is asked for that
+    function's slots and their hint carries the arguments."""
+    sample, prompt, ref, guess = apibank_case
+    other = next(t.name for t in sample.tools if t.name != guess.function)
+    wrong_only = generate(smol_engine, sample, prompt, make_drafter("oospec", sidecar=InstantSidecar([Guess(other, {})])))
+    drafter = make_drafter("oospec", sidecar=InstantSidecar([Guess(other, {})], slots={guess.function: guess.arguments}))
+    out = generate(smol_engine, sample, prompt, drafter)
+    assert np.array_equal(out.tokens, ref) and np.array_equal(wrong_only.tokens, ref)
+    assert drafter.report["followup"]["function"] == guess.function and drafter.report["followup"]["arrived"]
+    assert out.stats.target_forwards < wrong_only.stats.target_forwards, out.stats.accepted_per_step
 
 
 def test_real_sidecar_process_end_to_end(smol_engine, apibank_case):
@@ -396,6 +458,27 @@ def test_answer_after_the_target_finished(smol_engine, apibank_case):
         second = drafter.sidecar_drafter
         assert second.ticket is not first  # ...and was not reused: only this request's own answer may be
         assert second.payload is None or second.payload.request_id == second.ticket.request_id
+
+
+def test_waiting_for_a_slow_sidecar(smol_engine, apibank_case):
+    """wait_s (benchmarks only): the first draft waits for the payload, so the hint is used from the start."""
+    sample, prompt, ref, guess = apibank_case
+
+    class SlowSidecar(InstantSidecar):
+        def poll(self, ticket):
+            self.polls = getattr(self, "polls", 0) + 1
+            return super().poll(ticket) if self.polls > 50 else None
+
+    drafter = make_drafter("oospec", sidecar=SlowSidecar([guess]), wait_s=30)
+    out = generate(smol_engine, sample, prompt, drafter)
+    assert np.array_equal(out.tokens, ref)
+    report = drafter.report
+    assert report["arrived"] and report["tokens_written_at_arrival"] == 1 and 0 < report["waited_s"] < 30
+    # A sidecar that fails is not waited for past its fault.
+    with fake_client(mode="raise") as client:
+        drafter = make_drafter("oospec", sidecar=client, wait_s=30)
+        out = generate(smol_engine, sample, prompt, drafter)
+        assert np.array_equal(out.tokens, ref) and drafter.report["waited_s"] < 20
 
 
 def test_sidecar_that_cannot_load(smol_engine, apibank_case, caplog):

@@ -71,10 +71,20 @@ def test_rows_are_the_predictor_queries(smol):
     rows = rows_for(trace, fmt)
     job = job_for(trace)
     assert job.opener == "<tool_call>\n" and job.args_key == "arguments"
-    assert rows.prefixes[0] == fmt.function_prefix(job)
-    assert rows.completions[0].startswith(trace["call"]["name"] + '", "arguments":')
-    assert len(rows.prefixes) == 1 + len([p for p in trace["tools"] if p["function"]["name"] == trace["call"]["name"]
+    # Whether a call comes at all (its opening), which function, then one row per slot.
+    assert rows.prefixes[0] == "" and rows.completions[0] == fmt.function_prefix(job)
+    assert rows.prefixes[1] == fmt.function_prefix(job)
+    assert rows.completions[1].startswith(trace["call"]["name"] + '", "arguments":')
+    assert len(rows.prefixes) == 2 + len([p for p in trace["tools"] if p["function"]["name"] == trace["call"]["name"]
                                           for _ in p["function"]["parameters"]["properties"]])
+
+
+def test_a_plain_answer_is_a_no_call_row(smol):
+    _, tok = smol
+    trace = {**_trace(), "call": None, "text": "To convert 3000 CHF to USD, you can use the convertCurrency function."}
+    rows = rows_for(trace, TaskFormat(tok))
+    assert rows.prefixes == [""] and rows.completions == ["To convert 3000 CHF to U"]
+    assert rows_for({**trace, "text": ""}, TaskFormat(tok)) is None
 
 
 def test_lora_learns_a_call_and_the_predictor_uses_it(smol, tmp_path):
@@ -88,8 +98,11 @@ def test_lora_learns_a_call_and_the_predictor_uses_it(smol, tmp_path):
 
     model, tok = smol
     trace = _trace()
+    chat = {**trace, "id": "chat-1", "call": None, "text": "Why did the cat sit on the keyboard?",
+            "messages": [trace["messages"][0], {"role": "user", "content": "Tell me a joke about cats."}]}
     cfg = TrainConfig(base="smollm2-135m", r=8, alpha=16, lr=3e-3, epochs=12, batch_requests=1, warmup_steps=1, seed=0)
-    summary = train([trace], tmp_path / "adapter", cfg, model=copy.deepcopy(model), tokenizer=tok, progress=False)
+    summary = train([trace, chat], tmp_path / "adapter", cfg, model=copy.deepcopy(model), tokenizer=tok,
+                    progress=False)
     assert summary["last_loss"] < 0.3 * summary["first_loss"]
     for name in ("adapter_config.json", "adapter_model.safetensors", "train_config.json", "loss.png"):
         assert (tmp_path / "adapter" / name).is_file()
@@ -97,6 +110,31 @@ def test_lora_learns_a_call_and_the_predictor_uses_it(smol, tmp_path):
     trained = SidecarPredictor.from_pretrained("smollm2-135m", adapter=str(tmp_path / "adapter"))
     job = job_for(trace)
     tools = tools_from_openai(trace["tools"])
-    got = parse_payload(trained.predict(job), job.request_id, tools).best
+    payload = parse_payload(trained.predict(job), job.request_id, tools)
+    got = payload.best
     assert got.function == trace["call"]["name"] and got.arguments == trace["call"]["arguments"]
+    assert payload.call_probability > 0.5
+    # The plain-answer request: the payload says no call, and no slot was decoded for it.
+    payload = parse_payload(trained.predict(job_for(chat)), "chat-1", tools)
+    assert payload.best is None and payload.guesses == () and payload.call_probability < 0.5
     assert predictor.model is model  # the base model object was not changed by training a copy
+
+
+def test_traces_are_the_teachers_greedy_calls_and_resume(tmp_path):
+    """Traces equal plain greedy decoding (shared prompt prefixes reused), and a rerun records nothing twice."""
+    import numpy as np
+
+    from oospec.engine.engine import Engine
+    from oospec.training.traces import read_traces, record_traces
+
+    engine = Engine.from_pretrained("smollm2-135m")
+    samples = load_dataset("apibank", split="1", limit=2)
+    path = tmp_path / "traces.jsonl"
+    record_traces(engine, samples[:1], path, max_new_tokens=12, progress=False)
+    traces = record_traces(engine, samples, path, max_new_tokens=12, progress=False)
+    assert sorted(t["id"] for t in traces) == sorted(s.id for s in samples)
+    for sample in samples:
+        ar = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
+                             dialect=sample.dialect, method="ar", max_new_tokens=12)
+        assert next(t for t in traces if t["id"] == sample.id)["text"] == ar.text
+    assert len(read_traces(path)) == 2 and np.all([t["messages"] for t in traces])

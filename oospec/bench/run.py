@@ -37,7 +37,10 @@ from oospec.errors import OospecError
 
 REFERENCE = "ar"
 ORACLE = "oracle"
-SIDECAR_METHODS = ("oospec", "sidecar")  # engine methods that run with a sidecar process
+SIDECAR_METHODS = ("oospec", "sidecar", "oospec-wait")  # engine methods that run with a sidecar process
+# `oospec` whose target waits for the payload before its first draft: the tau that hints always in time give
+# (a sidecar on its own accelerator), for targets that outpace a CPU sidecar. The wait counts in decode time.
+WAIT_FOR_SIDECAR = "oospec-wait"
 ALL_CORES = "ar-all-cores"  # plain greedy decoding with every core, for reference when the target has fewer
 HF_METHODS = ("hf-pld", "hf-assisted")
 PROMPT_LOOKUP_NUM_TOKENS = 10
@@ -84,7 +87,7 @@ class BenchConfig:
 def known_methods() -> list[str]:
     from oospec.drafters import DRAFTERS
 
-    names = [REFERENCE, *(m for m in DRAFTERS if m != REFERENCE), ORACLE, ALL_CORES, *HF_METHODS]
+    names = [REFERENCE, *(m for m in DRAFTERS if m != REFERENCE), ORACLE, ALL_CORES, WAIT_FOR_SIDECAR, *HF_METHODS]
     return list(dict.fromkeys(names))
 
 
@@ -276,7 +279,7 @@ class HFPeer:
         return tokens, counter.count, e2e
 
 
-def make_method(name: str, sidecar=None):
+def make_method(name: str, sidecar=None, wait_s: float = 120.0):
     """A fresh drafter for an engine method (state is kept per dataset by the caller)."""
     if name == ORACLE:
         from oospec.drafters.oracle import OracleDrafter
@@ -286,6 +289,8 @@ def make_method(name: str, sidecar=None):
 
     if name == ALL_CORES:
         return make_drafter(REFERENCE)
+    if name == WAIT_FOR_SIDECAR:
+        return make_drafter("oospec", sidecar=sidecar, wait_s=wait_s)
     if name in SIDECAR_METHODS:
         return make_drafter(name, sidecar=sidecar)
     return make_drafter(name)
@@ -316,14 +321,16 @@ def _normalized(value) -> str:
 
 def sidecar_agreement(report: dict, sample, text: str) -> dict:
     """How the sidecar's payload compares with the call the target actually wrote."""
-    if not report.get("function"):
+    no_call = bool(report.get("no_call"))
+    if not report.get("function") and not no_call:
         return {}
     try:
         calls = sample.parse(text)
     except Exception:
         calls = []
-    if not calls:
-        return {"function_match": False, "slots_total": 0, "slots_matched": 0, "full_match": False}
+    if not calls or no_call:  # "no call" agrees with a target that wrote none, and only with that
+        agree = not calls and no_call
+        return {"function_match": agree, "slots_total": 0, "slots_matched": 0, "full_match": agree}
     call = calls[0]
     guesses = [{"function": report["function"], "arguments": report.get("arguments") or {}},
                *[g for g in report.get("alternatives", []) if isinstance(g, dict)]]
@@ -412,7 +419,7 @@ def summarize_sidecar(records: Sequence[dict]) -> dict:
     table: dict[str, dict[str, dict]] = {}
     for ds, per_method in out.items():
         for m, scs in per_method.items():
-            answered = [x for x in scs if x.get("function")]
+            answered = [x for x in scs if x.get("function") or x.get("no_call")]
             in_time = [x for x in answered if x.get("arrived")]
             agree = [x for x in answered if "function_match" in x]
             slots_total = sum(x.get("slots_total", 0) for x in agree)
@@ -430,20 +437,24 @@ def summarize_sidecar(records: Sequence[dict]) -> dict:
                 "full_call_agreement": float(np.mean([x["full_match"] for x in agree])) if agree else None,
                 "payload_bytes": float(np.mean([x["payload_bytes"] for x in answered])) if answered else None,
                 "faults": sorted({x["fault"] for x in scs if x.get("fault")}),
+                "followups": sum(1 for x in scs if x.get("followup", {}).get("submitted")),
+                "followups_arrived": sum(1 for x in scs if x.get("followup", {}).get("arrived")),
             }
     return table
 
 
 def format_sidecar_table(rows: dict[str, dict]) -> str:
     lines = ["| method | n | answered | before the target needed it | latency | tokens written at arrival "
-             "| function agreement (best, any branch) | slot agreement | full-call agreement | payload bytes | faults |",
-             "|" + "---|" * 11]
+             "| function agreement (best, any branch) | slot agreement | full-call agreement | payload bytes "
+             "| follow-ups (arrived) | faults |",
+             "|" + "---|" * 12]
     for m, r in rows.items():
         lines.append(f"| {m} | {r['n']} | {_pct(r['answered'])} | {_pct(r['in_time'])} "
                      f"| {_fmt(r['latency_s'], '.1f', ' s')} | {_fmt(r['tokens_written_at_arrival'], '.1f')} "
                      f"| {_pct(r['function_agreement'])}, {_pct(r.get('function_in_payload'))} "
                      f"| {_pct(r['slot_agreement'])} "
                      f"| {_pct(r['full_call_agreement'])} | {_fmt(r['payload_bytes'], '.0f')} "
+                     f"| {r.get('followups', 0)} ({r.get('followups_arrived', 0)}) "
                      f"| {', '.join(r['faults']) or 'none'} |")
     return "\n".join(lines)
 
@@ -474,6 +485,7 @@ def summarize(records: Sequence[dict], methods: Sequence[str]) -> dict:
                 "e2e_speedup": _safe_div(sum(x["e2e_s"] for x in refs), sum(r["e2e_s"] for r in recs)),
                 "e2e_ratio_mean": float(np.mean(ratios)) if ratios else None,
                 "oracle_fraction": None,
+                "oracle_share": None,
                 "identical_rate": float(np.mean([bool(r["identical"]) for r in recs])),
                 "accuracy": float(np.mean(scored)) if scored else None,
                 "new_tokens": tok,
@@ -486,6 +498,7 @@ def summarize(records: Sequence[dict], methods: Sequence[str]) -> dict:
             s = row["decode_speedup"]
             if oracle is not None and s is not None and oracle > 1:
                 row["oracle_fraction"] = (s - 1) / (oracle - 1)
+                row["oracle_share"] = s / oracle
         summary[ds] = rows
     return summary
 
@@ -499,14 +512,14 @@ def _pct(x: float | None) -> str:
 
 
 def format_table(rows: dict[str, dict]) -> str:
-    head = ("| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | oracle fraction "
-            "| identical | accuracy |")
-    lines = [head, "|" + "---|" * 10]
+    head = ("| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | of oracle's speed-up "
+            "| oracle fraction | identical | accuracy |")
+    lines = [head, "|" + "---|" * 11]
     for m, r in rows.items():
         lines.append(
             f"| {m} | {r.get('cores') or '–'} | {r['n']} | {_fmt(r['tau'])} | {_fmt(r['decode_speedup'], suffix='x')} "
             f"| {_fmt(r['e2e_speedup'], suffix='x')} | {_fmt(r['e2e_ratio_mean'], suffix='x')} "
-            f"| {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} |"
+            f"| {_pct(r.get('oracle_share'))} | {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} |"
         )
     return "\n".join(lines)
 
@@ -520,16 +533,21 @@ FOOTNOTES = """\
   tokenized). mean e2e ratio: mean over samples of ar e2e / method e2e.
 - hf-* peers are timed end to end only; their decode time is their e2e time minus the prefill time that
   our `ar` measured on the same sample.
-- oracle fraction: (speed-up - 1) / (oracle speed-up - 1) of decode speed-ups; 100% = as fast as the
-  oracle, 0% = no faster than ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
+- of oracle's speed-up: decode speed-up / oracle's decode speed-up. oracle fraction: the stricter share
+  of the gain, (speed-up - 1) / (oracle speed-up - 1); 100% = as fast as the oracle, 0% = no faster than ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
 - identical: generated token ids equal to ar's. accuracy: the benchmark's call check on the decoded text.
 - cores: the target's torch threads, plus the sidecar's for methods that run one (it has its own process).
+  oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before
+  its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
+  target that outpaces the CPU sidecar here.
   ar-all-cores: ar with every core, for reference; speed-ups are against ar with the target's threads.
 - sidecar table: answered = a valid payload arrived before the request ended; before the target needed it =
   it arrived while the target had written at most its first token (the sidecar runs during prefill);
   latency = from the request's start to the payload; agreement = payload vs the call the target wrote
   (function: the best guess, and the best or an alternative branch; slots and full call: the guess for the
-  target's function, exact JSON equality, full call = every slot right and no extra slot).
+  target's function, exact JSON equality, full call = every slot right and no extra slot), for the first
+  payload; follow-ups = requests where the target named a function no guess had, so the sidecar was asked
+  for that function's slots (arrived: before the request ended).
 """
 
 
@@ -784,7 +802,7 @@ def _run_benchmark(cfg: BenchConfig, engine, assistant_model, assistant_tokenize
     report = format_report(summary, header, divergences, sidecar_summary)
     (out / "report.md").write_text(report, encoding="utf-8")
     public = {ds: {m: {k: r[k] for k in ("n", "cores", "tau", "decode_speedup", "e2e_speedup", "e2e_ratio_mean",
-                                          "oracle_fraction", "identical_rate", "accuracy")}
+                                          "oracle_fraction", "oracle_share", "identical_rate", "accuracy")}
                    for m, r in rows.items()} for ds, rows in summary.items()}
     for ds, rows in sidecar_summary.items():
         for m, r in rows.items():

@@ -78,8 +78,11 @@ class SidecarDrafter(Drafter):
     name = "sidecar"
 
     def __init__(self, sidecar=None, schema: SchemaDrafter | None = None, max_tokens: int = 96,
-                 confidence: float = 0.9, alternative_confidence: float = 0.35):
+                 confidence: float = 0.9, alternative_confidence: float = 0.35, wait_s: float = 0.0):
         self.sidecar = sidecar  # a SidecarClient (or anything with submit/poll)
+        # > 0: at its first draft the target waits up to this long for the payload. Benchmarks use it to
+        # measure what hints that are always in time give (a sidecar on its own accelerator); serving never should.
+        self.wait_s = wait_s
         self.schema = schema
         self._owns_schema = schema is None
         if schema is None:
@@ -99,6 +102,8 @@ class SidecarDrafter(Drafter):
         self.prompt_len = int(np.asarray(request.prompt_ids).size)
         self.payload = None
         self.ticket = None
+        self.followup = None  # the ticket asking for the slots of the function the target chose instead
+        self.guesses: list[Guess] = []
         self.report = {"submitted": False}
         self.renderers: dict[str, HintRenderer] = {}
         if self.sidecar is None or not self.schema.active:
@@ -112,11 +117,11 @@ class SidecarDrafter(Drafter):
         in_prompt = request.meta.get("tools_in_prompt", dialect == "apibank")
         if chat_tools is None and not in_prompt:  # the tools went through the chat template: so for the sidecar
             chat_tools = [to_openai(t) for t in tools]
-        job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
-                  tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
-                  args_key=self.args_key)
+        self.job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
+                       tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
+                       args_key=self.args_key)
         self.submitted_at = time.time()
-        self.ticket = self.sidecar.submit(job, tools)
+        self.ticket = self.sidecar.submit(self.job, tools)
         self.report["submitted"] = self.ticket is not None
 
     def observe(self, produced: np.ndarray) -> None:
@@ -136,21 +141,58 @@ class SidecarDrafter(Drafter):
         self.report.update(
             arrived=tokens_written is not None, tokens_written_at_arrival=tokens_written,
             latency_s=round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None,
-            compute_s=payload.compute_s, payload_bytes=payload.size_bytes, function=payload.best.function,
-            arguments=payload.best.arguments,
+            compute_s=payload.compute_s, payload_bytes=payload.size_bytes,
+            function=payload.best.function if payload.best else None,
+            arguments=payload.best.arguments if payload.best else None,
+            no_call=payload.best is None, call_probability=payload.call_probability,
             alternatives=[{"function": g.function, "arguments": g.arguments} for g in payload.alternatives],
             dropped=list(payload.dropped))
 
     def _poll(self, context: np.ndarray) -> Payload | None:
         if self.payload is None and self.ticket is not None:
             payload = self.sidecar.poll(self.ticket)
+            if self.wait_s > 0 and "waited_s" not in self.report:
+                t0 = time.perf_counter()
+                while payload is None and getattr(self.ticket, "fault", None) is None \
+                        and time.perf_counter() - t0 < self.wait_s:
+                    time.sleep(0.005)
+                    payload = self.sidecar.poll(self.ticket)
+                self.report["waited_s"] = round(time.perf_counter() - t0, 4)
             if payload is not None:
                 self.payload = payload
                 self._record_arrival(payload, int(context.size) - self.prompt_len)
-                tools = {t.name: t for t in self.schema.tools}
-                self.renderers = {g.function: HintRenderer(self.schema.habits.style, self.args_key,
-                                                           tools[g.function]) for g in payload.guesses}
+                self._add_guesses(payload.guesses)
+        if self.payload is not None:
+            self._follow_up(context)
         return self.payload
+
+    def _add_guesses(self, guesses) -> None:
+        tools = {t.name: t for t in self.schema.tools}
+        for g in guesses:
+            if g.function not in self.renderers:
+                self.renderers[g.function] = HintRenderer(self.schema.habits.style, self.args_key, tools[g.function])
+                self.guesses.append(g)
+
+    def _follow_up(self, context: np.ndarray) -> None:
+        """Once the target has named a function none of the guesses has, ask the sidecar for that function's
+        slots alone: they arrive while the target is still writing the arguments."""
+        name = self.schema.scanner.name
+        if self.followup is None:
+            if name is None or name in self.renderers or name not in {t.name for t in self.schema.tools}:
+                return
+            job = Job(**{**self.job.to_dict(), "request_id": f"{self.job.request_id}/{name}", "function": name})
+            self.followup = self.sidecar.submit(job, self.schema.tools)
+            self.report["followup"] = {"function": name, "submitted": self.followup is not None,
+                                       "tokens_written_at_submit": int(context.size) - self.prompt_len}
+            return
+        info = self.report["followup"]
+        if "arrived" in info or self.followup is None:
+            return
+        payload = self.sidecar.poll(self.followup)
+        if payload is not None:
+            info.update(arrived=True, tokens_written_at_arrival=int(context.size) - self.prompt_len,
+                        arguments=payload.best.arguments if payload.best else None, compute_s=payload.compute_s)
+            self._add_guesses(payload.guesses[:1])
 
     # -- drafting ------------------------------------------------------------------------------------------
     def candidates(self, context: np.ndarray) -> list[Candidate]:
@@ -160,9 +202,11 @@ class SidecarDrafter(Drafter):
         schema = self.schema
         habits = schema.habits
         eos = habits.eos_id if habits.eos_id is not None else min(schema.eos_ids, default=None)
-        closer = habits.closers[0] if habits.closers else None
+        opener = schema.scanner.opener
+        closers = habits.closers_after(opener if opener is not None else self.job.opener)
+        closer = closers[0][0] if closers else None
         out = []
-        for rank, guess in enumerate(payload.guesses):
+        for rank, guess in enumerate(self.guesses):
             text = self.rest_of_call(schema.scanner, guess)
             if not text:
                 continue
@@ -172,7 +216,7 @@ class SidecarDrafter(Drafter):
             ids = schema.encoder.continue_after(context, text)[: self.max_tokens]
             if end_of_turn and eos is not None and ids.size < self.max_tokens:
                 ids = np.append(ids, eos)
-            conf = self.confidence if rank == 0 else self.alternative_confidence
+            conf = self.confidence if rank == 0 or guess.function == schema.scanner.name else self.alternative_confidence
             out.append(Candidate(ids, conf, 0.97))
         return out
 
@@ -235,9 +279,10 @@ class OoOSpecDrafter(MergedDrafter):
 
     name = "oospec"
 
-    def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None):
+    def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
+                 wait_s: float = 0.0):
         schema = SchemaDrafter()
-        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema)
+        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s)
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
 
     @property

@@ -21,6 +21,7 @@ import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -45,6 +46,7 @@ class Job:
     chat_tools: list[dict] | None = None  # tools as the request's chat template got them (None: in the prompt)
     opener: str = ""  # text the target writes before the call object (e.g. "<tool_call>\n")
     args_key: str = "arguments"
+    function: str | None = None  # set: the target has already chosen it, predict only its slots
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -137,22 +139,38 @@ class RowRunner:
         self.prefix_ids: list[int] = []
         self._prefix_layers: list[SlotLayer] = []
         self.prefix_logits: torch.Tensor | None = None
+        self.prefix_tail_logprobs = torch.empty(0, 0)
 
     @torch.inference_mode()
-    def encode_prefix(self, ids: Sequence[int]) -> None:
-        """Run the shared prefix once (batch 1) and keep its keys and values."""
+    def encode_prefix(self, ids: Sequence[int], keep_logprobs: int = 0) -> None:
+        """Run the shared prefix once (batch 1) and keep its keys and values. What it shares with the prefix
+        encoded last (the same request asked again, e.g. for the function the target chose) is reused.
+
+        keep_logprobs=k: `prefix_tail_logprobs[j]` is the log-distribution of the prefix's token n-k+j given
+        the ones before it (j < k)."""
         ids = list(ids)
-        if ids == self.prefix_ids:
+        if ids == self.prefix_ids and keep_logprobs <= len(self.prefix_tail_logprobs):
+            self.prefix_tail_logprobs = self.prefix_tail_logprobs[len(self.prefix_tail_logprobs) - keep_logprobs:]
             return
         n = len(ids)
+        reuse = min(common_prefix_len([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1 - keep_logprobs)
+        reuse = max(reuse, 0)
         layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
-        x = torch.tensor([ids], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, position_ids=torch.arange(n, device=self.device)[None], use_cache=True,
-                         cache=Cache(layers=layers), logits_to_keep=1)
+        if reuse > 0:
+            for layer, old in zip(layers, self._prefix_layers):
+                layer.lazy_initialization(old.keys[:, :, :1], old.values[:, :, :1])
+                layer.keys[:, :, :reuse] = old.keys[:, :, :reuse]
+                layer.values[:, :, :reuse] = old.values[:, :, :reuse]
+                layer.length = reuse
+        x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
+                         cache=Cache(layers=layers), logits_to_keep=keep_logprobs + 1)
         for layer in layers:
-            layer.keep(None, n)
+            layer.keep(None, n - reuse)
         self.prefix_ids, self._prefix_layers = ids, layers
-        self.prefix_logits = out.logits[0, -1].float()
+        logits = out.logits[0].float()
+        self.prefix_logits = logits[-1]
+        self.prefix_tail_logprobs = torch.log_softmax(logits[:-1], -1)
 
     def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
         s = len(self.prefix_ids)
@@ -242,11 +260,16 @@ def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
     return n
 
 
+# Predictor settings an adapter was trained for, saved beside it by `oospec sidecar train`.
+SIDECAR_SETTINGS = "sidecar.json"
+
+
 class SidecarPredictor:
     """Predicts a tool call's function and slot values with a small causal LM (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 40,
-                 alternative_margin: float = 2.0, max_alternatives: int = 2, max_slot_rows: int = 24):
+                 alternative_margin: float = 2.0, max_alternatives: int = 2, max_slot_rows: int = 24,
+                 min_call_probability: float = 0.0):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
@@ -256,6 +279,11 @@ class SidecarPredictor:
         self.alternative_margin = alternative_margin  # keep the runner-up within this many nats of the best
         self.max_slot_rows = max_slot_rows
         self.max_alternatives = max_alternatives
+        # Below this belief that the target writes a call at all, the payload says "no call" and no slot is
+        # decoded. 0 for a base model, whose belief in one exact opener is not calibrated; trained adapters
+        # carry their own (SIDECAR_SETTINGS).
+        self.min_call_probability = min_call_probability
+        self.call_probability: float | None = None  # of the last job
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_ids = set(getattr(tokenizer, "all_special_ids", []) or []) | ({eos} if eos is not None else set())
 
@@ -269,6 +297,9 @@ class SidecarPredictor:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+            settings = Path(adapter) / SIDECAR_SETTINGS
+            if settings.is_file():
+                kwargs = {**json.loads(settings.read_text()), **kwargs}
         if optimize and str(device).startswith("cpu"):
             from oospec.engine.cpu_kernels import optimize_for_cpu
 
@@ -283,16 +314,28 @@ class SidecarPredictor:
         if not tools:
             raise ValueError("the request offers no tools to predict")
         guesses = self.guess(job, tools)
-        return encode_payload(job.request_id, guesses, time.perf_counter() - t0, time.time())
+        return encode_payload(job.request_id, guesses, time.perf_counter() - t0, time.time(), self.call_probability)
 
     def guess(self, job: Job, tools: Sequence[Tool]) -> list[Guess]:
+        if job.function is not None:
+            tools = [t for t in tools if t.name == job.function]
+            if not tools:
+                raise ValueError(f"the job names function {job.function!r}, which the request does not offer")
         prompt = self.format.prompt(job)
         names = [t.name for t in tools]
         rows = [self.format.encode(prompt + self.format.function_row(job, n)) for n in names]
         probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
                  for t in tools if t.parameters]
         shared = min(common_prefix_len(rows + probe), min(len(r) for r in rows + probe) - 1)
-        self.runner.encode_prefix(rows[0][:shared])
+        # The call's opening (opener, `{"name": "`) as far as every row shares it: its likelihood after the
+        # prompt is the sidecar's belief that the target calls a tool at all.
+        start = common_prefix_len([self.format.encode(prompt), rows[0]])
+        opening = rows[0][start:shared]
+        self.runner.encode_prefix(rows[0][:shared], keep_logprobs=len(opening))
+        tail = self.runner.prefix_tail_logprobs
+        self.call_probability = float(np.exp(sum(float(tail[j, t]) for j, t in enumerate(opening))))
+        if job.function is None and self.call_probability < self.min_call_probability:
+            return []
         if len(tools) == 1:
             chosen = [(0, 0.0)]
         else:

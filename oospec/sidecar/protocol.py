@@ -42,26 +42,32 @@ class Guess:
 @dataclass(frozen=True)
 class Payload:
     request_id: str
-    best: Guess
+    best: Guess | None  # None: the sidecar expects the target to answer without a call
     alternatives: tuple[Guess, ...] = ()
     compute_s: float = 0.0  # the sidecar's own time for this request
     finished_at: float = 0.0  # time.time() when the sidecar finished (same clock as the engine's)
     size_bytes: int = 0
     dropped: tuple[str, ...] = field(default=())  # problems found and removed while parsing
+    call_probability: float | None = None  # the sidecar's belief that the target calls a tool at all
 
     @property
     def guesses(self) -> tuple[Guess, ...]:
-        return (self.best, *self.alternatives)
+        return () if self.best is None else (self.best, *self.alternatives)
 
 
-def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, finished_at: float) -> bytes:
-    best, *alts = guesses
-    doc = {"id": request_id, "function": best.function, "arguments": best.arguments, "score": round(best.score, 4),
+def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, finished_at: float,
+                   call_probability: float | None = None) -> bytes:
+    """No guesses: the sidecar expects no call (`"function": null`)."""
+    best, *alts = guesses if guesses else (None,)
+    doc = {"id": request_id, "function": best and best.function, "arguments": best and best.arguments,
+           "score": best and round(best.score, 4),
            "alternatives": [{"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
                             for g in alts],
+           "call_p": None if call_probability is None else round(call_probability, 4),
            "compute_s": round(compute_s, 4), "t": finished_at}
-    if not alts:
-        del doc["alternatives"]
+    for key in ("alternatives", "call_p", "arguments", "score"):
+        if doc[key] in (None, []):
+            del doc[key]
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
 
 
@@ -114,13 +120,18 @@ def parse_payload(raw: bytes, request_id: str, tools: Sequence[Tool]) -> Payload
         raise PayloadError("wrong-request", f"payload is for request {doc.get('id')!r}, not {request_id!r}")
     by_name = {t.name: t for t in tools}
     dropped: list[str] = []
-    best = _guess(doc, by_name, dropped)
+    no_call = "function" in doc and doc["function"] is None
+    best = None if no_call else _guess(doc, by_name, dropped)
     alternatives = []
-    for alt in (doc.get("alternatives") or [])[:MAX_ALTERNATIVES]:
+    for alt in [] if no_call else (doc.get("alternatives") or [])[:MAX_ALTERNATIVES]:
         try:
             alternatives.append(_guess(alt, by_name, dropped))
         except PayloadError as exc:
             dropped.append(f"alternative: {exc}")
     num = lambda k: float(doc[k]) if isinstance(doc.get(k), int | float) else 0.0  # noqa: E731
+    call_p = num("call_p") if "call_p" in doc else None
+    if call_p is not None and not 0.0 <= call_p <= 1.0:
+        dropped.append(f"call_p {call_p} is not a probability")
+        call_p = None
     return Payload(request_id, best, tuple(alternatives), compute_s=num("compute_s"), finished_at=num("t"),
-                   size_bytes=len(raw), dropped=tuple(dropped))
+                   size_bytes=len(raw), dropped=tuple(dropped), call_probability=call_p)

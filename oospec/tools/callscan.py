@@ -37,6 +37,10 @@ class Style:
         return self.before_close.get(depth, "")
 
 
+# What a call's opener asks to be closed with, for a target that has not finished a request yet.
+DEFAULT_CLOSERS = {"```json\n": "\n```", "```\n": "\n```", "<tool_call>\n": "\n</tool_call>"}
+
+
 @dataclass
 class Habits:
     """What this target tends to write around its calls, learned from finished requests."""
@@ -46,6 +50,14 @@ class Habits:
     closers: list[str] = field(default_factory=list)  # text after the last call, before end-of-turn
     args_key: str | None = None
     eos_id: int | None = None
+
+    def closers_after(self, opener: str | None) -> list[tuple[str, bool]]:
+        """[(closer, learned)]: what this target writes after its last call, or, before it has finished a
+        request, what the opener it wrote calls for."""
+        if self.closers:
+            return [(c, True) for c in self.closers[:2]]
+        default = DEFAULT_CLOSERS.get(opener or "")
+        return [(default, False)] if default is not None else []
 
     def remember(self, items: list[str], value: str, keep: int = 3) -> None:
         if value in items:
@@ -269,7 +281,8 @@ class _Renderer:
 
     def closings(self, confidence: float) -> list[Continuation]:
         """After the last brace: the target's usual closer and end of turn, if it has shown one."""
-        return [Continuation(closer, confidence * 0.8, True) for closer in self.habits.closers[:2]]
+        return [Continuation(closer, confidence * (0.8 if learned else 0.5), True)
+                for closer, learned in self.habits.closers_after(self.scan.opener)]
 
     # -- states ------------------------------------------------------------------------------------------------
     def continuations(self) -> list[Continuation]:
@@ -296,9 +309,9 @@ class _Renderer:
                     out.append(Continuation(full[len(written) :], conf))
                     out += [Continuation(full[len(written) :] + c.text, c.confidence * conf) for c in self.names("")]
             return out
-        for closer in self.habits.closers[:2]:
+        for closer, learned in self.habits.closers_after(self.scan.opener):
             if closer.startswith(written):
-                out.append(Continuation(closer[len(written) :], 0.8, True))
+                out.append(Continuation(closer[len(written) :], 0.8 if learned else 0.5, True))
         return out
 
     def in_string(self, frame: Frame) -> list[Continuation]:

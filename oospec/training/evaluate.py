@@ -19,17 +19,20 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
     """Function accuracy, per-slot exact match and full-call agreement of `predictor` with the teacher's calls."""
     from tqdm.auto import tqdm
 
-    items = []
-    for trace in tqdm([t for t in traces if t.get("call")], desc="eval", unit="req", disable=not progress):
+    items, decisions = [], []
+    for trace in tqdm(list(traces), desc="eval", unit="req", disable=not progress):
         job = job_for(trace)
         t0 = time.perf_counter()
         try:
             payload = parse_payload(predictor.predict(job), job.request_id, tools_from_openai(trace["tools"]))
-            guess = payload.best
+            guess, no_call = payload.best, payload.best is None
         except (PayloadError, ValueError):
-            guess = None
+            guess, no_call = None, False
         latency = time.perf_counter() - t0
-        call = trace["call"]
+        call = trace.get("call")
+        decisions.append(no_call == (call is None))  # "call or none" decided as the teacher did
+        if call is None:
+            continue
         args = call.get("arguments") or {}
         fn = guess is not None and guess.function == call["name"]
         matched = sum(1 for k, v in args.items() if fn and k in guess.arguments and _same(guess.arguments[k], v))
@@ -39,7 +42,8 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
                       {"function": guess.function, "arguments": guess.arguments}, "teacher": call})
     n = len(items)
     slots = sum(i["slots"] for i in items)
-    return {"n": n,
+    return {"n": n, "no_call_requests": len(decisions) - n,
+            "call_decision_accuracy": sum(decisions) / len(decisions) if decisions else None,
             "function_accuracy": sum(i["function"] for i in items) / n if n else None,
             "slot_exact_match": sum(i["slots_matched"] for i in items) / slots if slots else None,
             "full_call_agreement": sum(i["full"] for i in items) / n if n else None,
@@ -48,10 +52,12 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
 
 
 def format_table(results: dict[str, dict]) -> str:
-    lines = ["| sidecar | held-out requests | function accuracy | slot exact match | full-call agreement | latency |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| sidecar | held-out requests (no call) | call or none | function accuracy | slot exact match "
+             "| full-call agreement | latency |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
     pct = lambda x: "–" if x is None else f"{100 * x:.1f}%"  # noqa: E731
     for name, r in results.items():
-        lines.append(f"| {name} | {r['n']} | {pct(r['function_accuracy'])} | {pct(r['slot_exact_match'])} "
+        lines.append(f"| {name} | {r['n'] + r.get('no_call_requests', 0)} ({r.get('no_call_requests', 0)}) "
+                     f"| {pct(r.get('call_decision_accuracy'))} | {pct(r['function_accuracy'])} | {pct(r['slot_exact_match'])} "
                      f"| {pct(r['full_call_agreement'])} | {r['mean_latency_s']:.2f} s |")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oospec.sidecar.predictor import TaskFormat, common_prefix_len
+from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat, common_prefix_len
 from oospec.training.rows import RequestRows, rows_for
 
 LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -165,6 +165,8 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
                "first_loss": log[0]["loss"], "last_loss": float(np.mean([x["loss"] for x in log[-3:]]))}
     (out / "train_config.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "loss.json").write_text(json.dumps(log) + "\n")
+    # The call-or-none row was trained: this adapter's belief that a call comes is worth acting on.
+    (out / SIDECAR_SETTINGS).write_text(json.dumps({"min_call_probability": 0.5}) + "\n")
     plot_loss(log, out / "loss.png", title=f"LoRA r={cfg.r} on {cfg.base}: {len(encoded)} requests")
     return summary
 

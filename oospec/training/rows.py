@@ -1,8 +1,9 @@
 """Training rows in the sidecar's own task format, exactly as the predictor queries it.
 
-Per request: the prompt once, then one row per function choice (which tool the teacher called) and one row
-per argument slot of that tool (its value, or null where the teacher left an optional slot out), each with
-the same assistant prefix `SidecarPredictor` primes it with (`TaskFormat`). Loss is on the completions only.
+Per request: the prompt once, then one row for whether a call comes at all (the call's opening, or the start
+of the teacher's plain answer), one row per function choice (which tool the teacher called) and one row per
+argument slot of that tool (its value, or null where the teacher left an optional slot out), each with the
+same assistant prefix `SidecarPredictor` primes it with (`TaskFormat`). Loss is on the completions only.
 """
 
 from __future__ import annotations
@@ -47,17 +48,21 @@ def value_completion(value, param_type: str, last: bool) -> str | None:
     return text + ("}" if last else ",")
 
 
+NO_CALL_CHARS = 24  # of a plain answer: enough for its first few tokens, which decide "no call"
+
+
 def rows_for(trace: dict, fmt: TaskFormat) -> RequestRows | None:
     call = trace.get("call")
+    job = job_for(trace)
     if not call:
-        return None
+        answer = (trace.get("text") or "")[:NO_CALL_CHARS]
+        return RequestRows(trace["id"], fmt.prompt(job), [""], [answer]) if answer.strip() else None
     tools = {t.name: t for t in tools_from_openai(trace["tools"])}
     tool = tools.get(call["name"])
     if tool is None:
         return None
-    job = job_for(trace)
-    prefixes = [fmt.function_prefix(job)]
-    completions = [call["name"] + f'", "{job.args_key}":']
+    prefixes = ["", fmt.function_prefix(job)]
+    completions = [fmt.function_prefix(job), call["name"] + f'", "{job.args_key}":']
     args = call.get("arguments") or {}
     for i, p in enumerate(tool.parameters):
         value = args.get(p.name)

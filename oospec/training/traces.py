@@ -37,21 +37,28 @@ def read_traces(path: str | Path) -> list[dict]:
 
 
 def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method: str = "toolspec",
-                  max_new_tokens: int = 128, progress: bool = True) -> list[dict]:
-    """Append a trace per sample not yet in `path` (greedy: any lossless method writes the same text)."""
+                  max_new_tokens: int = 128, progress: bool = True, prefix_cache_bytes: int = 2 << 30) -> list[dict]:
+    """Append a trace per sample not yet in `path` (greedy: any lossless method writes the same text).
+
+    Requests are taken in the order of their messages, so the turns of one dialogue (and requests with the
+    same tool list) follow each other and their shared prompt prefix is prefilled once."""
     from tqdm.auto import tqdm
 
     from oospec.drafters import make_drafter
+    from oospec.engine.prefix_cache import PrefixCache
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {t["id"] for t in read_traces(path)}
-    todo = [s for s in samples if s.id not in done]
+    todo = sorted((s for s in samples if s.id not in done),
+                  key=lambda s: json.dumps([[t.name for t in s.tools], s.messages], ensure_ascii=False))
     drafter = make_drafter(method)
+    cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
     with open(path, "a", encoding="utf-8") as f:
         for sample in tqdm(todo, desc="traces", unit="req", disable=not progress):
             result = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                                     dialect=sample.dialect, method=drafter, max_new_tokens=max_new_tokens)
+                                     dialect=sample.dialect, method=drafter, max_new_tokens=max_new_tokens,
+                                     prefix_cache=cache)
             f.write(json.dumps(trace_record(sample, result.text), ensure_ascii=False) + "\n")
             f.flush()
     return read_traces(path)
