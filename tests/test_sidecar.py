@@ -261,6 +261,13 @@ def test_predictor_payload_on_real_model(smol_predictor):
     # Every slot value the small model produced is typed by the schema (parse_payload keeps only those).
     assert set(payload.best.arguments) <= {p.name for p in TOOLS[0].parameters} | {"zone"}
     assert not payload.dropped
+    # Its belief that a call comes, in any of the openers the target may use (more openers: more belief).
+    assert 0 < payload.call_probability <= 1 and payload.call_probability == pytest.approx(
+        smol_predictor.call_probability, rel=1e-3)
+    one = smol_predictor.call_likelihood(job, smol_predictor.format.prompt(job))
+    more = smol_predictor.call_likelihood(Job("r1", job.messages, WEATHER, chat_tools=WEATHER, opener="<tool_call>\n",
+                                              openers=["", "```json\n"]), smol_predictor.format.prompt(job))
+    assert 0 < one < more <= 1
     # The follow-up once the target has chosen: that function's slots only.
     forced = Job("r2", job.messages, WEATHER, chat_tools=WEATHER, opener="<tool_call>\n", function="get_time")
     payload = parse_payload(smol_predictor.predict(forced), "r2", TOOLS)

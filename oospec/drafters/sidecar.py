@@ -119,7 +119,8 @@ class SidecarDrafter(Drafter):
             chat_tools = [to_openai(t) for t in tools]
         self.job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
                        tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
-                       args_key=self.args_key)
+                       args_key=self.args_key,
+                       openers=list(dict.fromkeys(habits.openers + list(DIALECT_OPENERS.get(dialect, ())))))
         self.submitted_at = time.time()
         self.ticket = self.sidecar.submit(self.job, tools)
         self.report["submitted"] = self.ticket is not None

@@ -20,7 +20,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ class Job:
     opener: str = ""  # text the target writes before the call object (e.g. "<tool_call>\n")
     args_key: str = "arguments"
     function: str | None = None  # set: the target has already chosen it, predict only its slots
+    openers: list[str] | None = None  # other openers the target may use (for "does a call come at all")
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -139,22 +140,17 @@ class RowRunner:
         self.prefix_ids: list[int] = []
         self._prefix_layers: list[SlotLayer] = []
         self.prefix_logits: torch.Tensor | None = None
-        self.prefix_tail_logprobs = torch.empty(0, 0)
 
     @torch.inference_mode()
-    def encode_prefix(self, ids: Sequence[int], keep_logprobs: int = 0) -> None:
+    def encode_prefix(self, ids: Sequence[int]) -> None:
         """Run the shared prefix once (batch 1) and keep its keys and values. What it shares with the prefix
-        encoded last (the same request asked again, e.g. for the function the target chose) is reused.
-
-        keep_logprobs=k: `prefix_tail_logprobs[j]` is the log-distribution of the prefix's token n-k+j given
-        the ones before it (j < k)."""
+        encoded last (the same prompt, then its call opening; the same request asked again for the function
+        the target chose) is reused."""
         ids = list(ids)
-        if ids == self.prefix_ids and keep_logprobs <= len(self.prefix_tail_logprobs):
-            self.prefix_tail_logprobs = self.prefix_tail_logprobs[len(self.prefix_tail_logprobs) - keep_logprobs:]
+        if ids == self.prefix_ids:
             return
         n = len(ids)
-        reuse = min(common_prefix_len([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1 - keep_logprobs)
-        reuse = max(reuse, 0)
+        reuse = min(common_prefix_len([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
         layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
         if reuse > 0:
             for layer, old in zip(layers, self._prefix_layers):
@@ -164,13 +160,11 @@ class RowRunner:
                 layer.length = reuse
         x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
-                         cache=Cache(layers=layers), logits_to_keep=keep_logprobs + 1)
+                         cache=Cache(layers=layers), logits_to_keep=1)
         for layer in layers:
             layer.keep(None, n - reuse)
         self.prefix_ids, self._prefix_layers = ids, layers
-        logits = out.logits[0].float()
-        self.prefix_logits = logits[-1]
-        self.prefix_tail_logprobs = torch.log_softmax(logits[:-1], -1)
+        self.prefix_logits = out.logits[0, -1].float()
 
     def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
         s = len(self.prefix_ids)
@@ -268,7 +262,7 @@ class SidecarPredictor:
     """Predicts a tool call's function and slot values with a small causal LM (see the module docstring)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 40,
-                 alternative_margin: float = 2.0, max_alternatives: int = 2, max_slot_rows: int = 24,
+                 alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
                  min_call_probability: float = 0.0):
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -327,21 +321,29 @@ class SidecarPredictor:
         probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
                  for t in tools if t.parameters]
         shared = min(common_prefix_len(rows + probe), min(len(r) for r in rows + probe) - 1)
-        # The call's opening (opener, `{"name": "`) as far as every row shares it: its likelihood after the
-        # prompt is the sidecar's belief that the target calls a tool at all.
-        start = common_prefix_len([self.format.encode(prompt), rows[0]])
-        opening = rows[0][start:shared]
-        self.runner.encode_prefix(rows[0][:shared], keep_logprobs=len(opening))
-        tail = self.runner.prefix_tail_logprobs
-        self.call_probability = float(np.exp(sum(float(tail[j, t]) for j, t in enumerate(opening))))
-        if job.function is None and self.call_probability < self.min_call_probability:
-            return []
+        self.call_probability = None
+        if job.function is None:
+            self.call_probability = self.call_likelihood(job, prompt)
+            if self.call_probability < self.min_call_probability:
+                return []
+        self.runner.encode_prefix(rows[0][:shared])
         if len(tools) == 1:
             chosen = [(0, 0.0)]
         else:
             logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
             chosen = self.rank_functions(rows, shared, logprobs)
         return self.fill_slots(job, prompt, [(tools[i], score) for i, score in chosen])
+
+    def call_likelihood(self, job: Job, prompt: str) -> float:
+        """The sidecar's belief that the answer opens a call, in any of the openers the target may use: the
+        openings are scored as continuations of the prompt in one batch (their first characters differ, so
+        their probabilities add up)."""
+        openers = list(dict.fromkeys([job.opener, *(job.openers or ())]))
+        rows = [self.format.encode(prompt + self.format.function_prefix(replace(job, opener=o))) for o in openers]
+        start = min(common_prefix_len([self.format.encode(prompt), *rows]), min(map(len, rows)) - 1)
+        self.runner.encode_prefix(rows[0][:start])
+        logprobs, _ = self.runner.run([r[start:] for r in rows], keep_all_logits=True)
+        return float(min(1.0, sum(np.exp(lp.sum()) for lp in logprobs)))
 
     def rank_functions(self, rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> list[tuple[int, float]]:
         """[(tool index, score)]: the sidecar's greedy path through the names, then the runner-up if close."""

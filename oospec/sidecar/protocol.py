@@ -63,7 +63,7 @@ def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, 
            "score": best and round(best.score, 4),
            "alternatives": [{"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
                             for g in alts],
-           "call_p": None if call_probability is None else round(call_probability, 4),
+           "call_p": None if call_probability is None else float(f"{call_probability:.4g}"),
            "compute_s": round(compute_s, 4), "t": finished_at}
     for key in ("alternatives", "call_p", "arguments", "score"):
         if doc[key] in (None, []):

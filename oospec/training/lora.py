@@ -100,6 +100,16 @@ def request_loss(model, enc: Encoded, cache_kw: str) -> tuple[torch.Tensor, int]
     return loss, n
 
 
+def _store_half(path: Path) -> None:
+    """float16 on disk (half the size to ship; loaded into the base model's dtype, merged at load time)."""
+    from safetensors.torch import load_file, save_file
+
+    if path.is_file():
+        tensors = load_file(str(path))
+        save_file({k: v.to(torch.float16) if v.is_floating_point() else v for k, v in tensors.items()}, str(path),
+                  metadata={"format": "pt"})
+
+
 def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=None, tokenizer=None,
           progress: bool = True) -> dict:
     """Train a LoRA adapter on `traces`; writes the adapter, its config, the loss log and a PNG to out_dir."""
@@ -160,6 +170,7 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
             bar.update(1)
     bar.close()
     model.save_pretrained(str(out))
+    _store_half(out / "adapter_model.safetensors")
     summary = {"config": asdict(cfg), "requests": len(encoded), "rows": sum(len(e.rows) for e in encoded),
                "steps": len(log), "train_s": round(time.time() - t0, 1),
                "first_loss": log[0]["loss"], "last_loss": float(np.mean([x["loss"] for x in log[-3:]]))}
