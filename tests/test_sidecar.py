@@ -165,6 +165,10 @@ def test_renderer_matches_the_call_text():
     ('<tool_call>\n{"name": "get_weather", "arguments": {"days": 5, "metric": fa', None),
     # Another function than the hint's: no hint.
     ('<tool_call>\n{"name": "get_time", "arguments": {', None),
+    # A name that is no tool (a misnamed call): its arguments may still be the hint's, from the next boundary.
+    ('<tool_call>\n{"name": "Name", "arguments": {', '"city": "Paris", "days": 3, "metric": true}}'),
+    ('<tool_call>\n{"name": "Name", "arguments": {"days": 5, "met', 'ric": true, "city": "Paris"}}'),
+    ('<tool_call>\n{"name": "Nam', None),
 ])
 def test_sidecar_drafter_aligns_and_realigns(written, expected):
     _, texts = drafter_after(written, [GOOD])

@@ -444,7 +444,7 @@ def summarize_sidecar(records: Sequence[dict]) -> dict:
 
 
 def format_sidecar_table(rows: dict[str, dict]) -> str:
-    lines = ["| method | n | answered | before the target needed it | latency | tokens written at arrival "
+    lines = ["| method | n | answered | in time | latency | tokens written at arrival "
              "| function agreement (best, any branch) | slot agreement | full-call agreement | payload bytes "
              "| follow-ups (arrived) | faults |",
              "|" + "---|" * 12]
@@ -541,8 +541,9 @@ FOOTNOTES = """\
   its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
   target that outpaces the CPU sidecar here.
   ar-all-cores: ar with every core, for reference; speed-ups are against ar with the target's threads.
-- sidecar table: answered = a valid payload arrived before the request ended; before the target needed it =
-  it arrived while the target had written at most its first token (the sidecar runs during prefill);
+- sidecar table: answered = a valid payload came back (perhaps after the request ended); in time = it
+  arrived while the target was still decoding, so its hints could be used; tokens written at arrival (of
+  those in time): 1.0 = before the first decode step (the sidecar ran during the prefill);
   latency = from the request's start to the payload; agreement = payload vs the call the target wrote
   (function: the best guess, and the best or an alternative branch; slots and full call: the guess for the
   target's function, exact JSON equality, full call = every slot right and no extra slot), for the first

@@ -167,6 +167,10 @@ class SidecarDrafter(Drafter):
             self._follow_up(context)
         return self.payload
 
+    @property
+    def tool_names(self) -> set[str]:
+        return {t.name for t in self.schema.tools}
+
     def _add_guesses(self, guesses) -> None:
         tools = {t.name: t for t in self.schema.tools}
         for g in guesses:
@@ -218,6 +222,8 @@ class SidecarDrafter(Drafter):
             if end_of_turn and eos is not None and ids.size < self.max_tokens:
                 ids = np.append(ids, eos)
             conf = self.confidence if rank == 0 or guess.function == schema.scanner.name else self.alternative_confidence
+            if schema.scanner.name is not None and schema.scanner.name not in self.tool_names:
+                conf *= 0.5  # a misnamed call: its arguments are only likely to be a guess's
             out.append(Candidate(ids, conf, 0.97))
         return out
 
@@ -235,13 +241,15 @@ class SidecarDrafter(Drafter):
                 if text.startswith(written) and len(text) > len(written):
                     return text[len(written):]
             return None
-        if scan.name is not None and scan.name != guess.function:
+        # A name that is no tool at all (the target misnamed the call) may still carry a guess's arguments.
+        unknown = scan.name is not None and scan.name not in self.tool_names
+        if scan.name is not None and scan.name != guess.function and not unknown:
             return None
         written = "".join(scan.call_chars)
         if full.startswith(written):
             return full[len(written):]
         # Re-align at the next key or value boundary of the arguments object.
-        if len(scan.stack) < 2 or scan.stack[1].role != "args" or scan.name != guess.function:
+        if len(scan.stack) < 2 or scan.stack[1].role != "args" or (scan.name != guess.function and not unknown):
             return None
         args = scan.stack[1]
         keys = set(args.keys)

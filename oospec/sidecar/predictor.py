@@ -261,7 +261,7 @@ SIDECAR_SETTINGS = "sidecar.json"
 class SidecarPredictor:
     """Predicts a tool call's function and slot values with a small causal LM (see the module docstring)."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 40,
+    def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 64,
                  alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
                  min_call_probability: float = 0.0):
         self.model = model.eval()
