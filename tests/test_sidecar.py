@@ -20,7 +20,8 @@ from oospec.drafters import make_drafter
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar import HintRenderer, SidecarDrafter
 from oospec.sidecar import SidecarClient
-from oospec.sidecar.predictor import Job, RowRunner, SidecarPredictor, common_prefix_len, json_value_end
+from oospec.sidecar.predictor import (Job, RowRunner, SidecarPredictor, common_prefix_len, json_value_end,
+                                      parse_value)
 from oospec.sidecar.protocol import Guess, Payload, PayloadError, encode_payload, parse_payload
 from oospec.tools.callscan import Style
 from oospec.tools.schema import to_openai, tools_from_openai
@@ -47,6 +48,15 @@ def test_json_value_end():
     assert json_value_end('[1, {"a": "]"}], ') == 15
     assert json_value_end("true,") == 4
     assert json_value_end("") is None
+
+
+def test_values_written_as_python_literals_are_read_as_json():
+    assert parse_value('[{"a": 1}]') == [{"a": 1}]
+    assert parse_value("[{'name': 'heart_rate', 'value': '80'}]") == [{"name": "heart_rate", "value": "80"}]
+    assert parse_value("{'ok': True, 'n': None}") == {"ok": True, "n": None}
+    for bad in ("[1, 2", "{'a': {1, 2}}", "(1, 2)", "__import__('os')", "b'x'"):
+        with pytest.raises(ValueError):
+            parse_value(bad)
 
 
 def test_payload_round_trip_and_checks():

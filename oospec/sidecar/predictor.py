@@ -16,6 +16,7 @@ queries it was trained on.
 
 from __future__ import annotations
 
+import ast
 import json
 import math
 import time
@@ -406,8 +407,8 @@ class SidecarPredictor:
             if text is None:
                 continue
             try:
-                value = typed(json.loads(text), p)
-            except (json.JSONDecodeError, ValueError):
+                value = typed(parse_value(text), p)
+            except ValueError:
                 continue
             if value is None and p.name not in tool.required:
                 continue  # the sidecar says this optional slot is left out
@@ -442,6 +443,30 @@ def closed_options(p: Param) -> list:
     if p.type == "boolean":
         return [True, False]
     return []
+
+
+def parse_value(text: str) -> Any:
+    """A decoded value: JSON, or the Python literal small models often write instead (single quotes, True,
+    None), read as the JSON value it stands for; ValueError if it is neither."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        pass
+    try:
+        value = ast.literal_eval(text.strip())
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        raise ValueError(f"not a JSON value: {text[:60]!r}") from None
+
+    def plain(v) -> bool:
+        if isinstance(v, list):
+            return all(plain(x) for x in v)
+        if isinstance(v, dict):
+            return all(isinstance(k, str) and plain(x) for k, x in v.items())
+        return v is None or isinstance(v, str | int | float | bool)
+
+    if not plain(value):
+        raise ValueError(f"not a JSON value: {text[:60]!r}")
+    return value
 
 
 def typed(value: Any, p: Param) -> Any:
