@@ -519,7 +519,8 @@ def format_table(rows: dict[str, dict]) -> str:
         lines.append(
             f"| {m} | {r.get('cores') or '–'} | {r['n']} | {_fmt(r['tau'])} | {_fmt(r['decode_speedup'], suffix='x')} "
             f"| {_fmt(r['e2e_speedup'], suffix='x')} | {_fmt(r['e2e_ratio_mean'], suffix='x')} "
-            f"| {_pct(r.get('oracle_share'))} | {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} |"
+            f"| {_pct(r.get('oracle_share'))} | {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} "
+            f"| {_pct(r['accuracy'])} |"
         )
     return "\n".join(lines)
 
@@ -534,7 +535,8 @@ FOOTNOTES = """\
 - hf-* peers are timed end to end only; their decode time is their e2e time minus the prefill time that
   our `ar` measured on the same sample.
 - of oracle's speed-up: decode speed-up / oracle's decode speed-up. oracle fraction: the stricter share
-  of the gain, (speed-up - 1) / (oracle speed-up - 1); 100% = as fast as the oracle, 0% = no faster than ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
+  of the gain, (speed-up - 1) / (oracle speed-up - 1); 100% = as fast as the oracle, 0% = no faster than
+  ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
 - identical: generated token ids equal to ar's. accuracy: the benchmark's call check on the decoded text.
 - cores: the target's torch threads, plus the sidecar's for methods that run one (it has its own process).
   oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,7 @@ class SidecarDrafter(Drafter):
         self.guesses: list[Guess] = []
         self.report = {"submitted": False}
         self.renderers: dict[str, HintRenderer] = {}
+        self.tool_names = frozenset(t.name for t in self.schema.tools) if self.schema.active else frozenset()
         if self.sidecar is None or not self.schema.active:
             return
         dialect = request.dialect or "hermes"
@@ -167,10 +169,6 @@ class SidecarDrafter(Drafter):
             self._follow_up(context)
         return self.payload
 
-    @property
-    def tool_names(self) -> set[str]:
-        return {t.name for t in self.schema.tools}
-
     def _add_guesses(self, guesses) -> None:
         tools = {t.name: t for t in self.schema.tools}
         for g in guesses:
@@ -183,9 +181,9 @@ class SidecarDrafter(Drafter):
         slots alone: they arrive while the target is still writing the arguments."""
         name = self.schema.scanner.name
         if self.followup is None:
-            if name is None or name in self.renderers or name not in {t.name for t in self.schema.tools}:
+            if name is None or name in self.renderers or name not in self.tool_names:
                 return
-            job = Job(**{**self.job.to_dict(), "request_id": f"{self.job.request_id}/{name}", "function": name})
+            job = replace(self.job, request_id=f"{self.job.request_id}/{name}", function=name)
             self.followup = self.sidecar.submit(job, self.schema.tools)
             self.report["followup"] = {"function": name, "submitted": self.followup is not None,
                                        "tokens_written_at_submit": int(context.size) - self.prompt_len}

@@ -317,16 +317,16 @@ class SidecarPredictor:
             if not tools:
                 raise ValueError(f"the job names function {job.function!r}, which the request does not offer")
         prompt = self.format.prompt(job)
-        names = [t.name for t in tools]
-        rows = [self.format.encode(prompt + self.format.function_row(job, n)) for n in names]
-        probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
-                 for t in tools if t.parameters]
-        shared = min(common_prefix_len(rows + probe), min(len(r) for r in rows + probe) - 1)
         self.call_probability = None
         if job.function is None:
             self.call_probability = self.call_likelihood(job, prompt)
             if self.call_probability < self.min_call_probability:
                 return []
+        names = [t.name for t in tools]
+        rows = [self.format.encode(prompt + self.format.function_row(job, n)) for n in names]
+        probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
+                 for t in tools if t.parameters]
+        shared = min(common_prefix_len(rows + probe), min(len(r) for r in rows + probe) - 1)
         self.runner.encode_prefix(rows[0][:shared])
         if len(tools) == 1:
             chosen = [(0, 0.0)]
