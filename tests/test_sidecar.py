@@ -255,6 +255,29 @@ def test_row_runner_batches_equal_single_rows():
         assert np.array_equal(gen, gen2) and all(np.allclose(a, b, atol=1e-4) for a, b in zip(lp, lp2))
 
 
+def test_function_choice_greedy_path_or_whole_name():
+    """Greedy follows the likelier first token (as free generation would); "total" takes the likelier whole name
+    (what the ranking loss trains). Runners-up within the margin follow either way."""
+    rows = [[1, 2, 10, 11], [1, 2, 20, 21], [1, 2, 30, 31]]
+    logprobs = [np.array([-0.1, -5.0]), np.array([-0.5, -0.1]), np.array([-9.0, -0.1])]
+    greedy = SidecarPredictor.__new__(SidecarPredictor)
+    greedy.alternative_margin, greedy.max_alternatives, greedy.rank_by = 3.0, 3, "greedy"
+    # Greedy takes A (-0.1 first); B, the likeliest whole name (-0.6 vs -5.1), stays as the runner-up.
+    assert [i for i, _ in greedy.rank_functions(rows, 2, logprobs)] == [0, 1]
+    total = SidecarPredictor.__new__(SidecarPredictor)
+    total.alternative_margin, total.max_alternatives, total.rank_by = 3.0, 3, "total"
+    assert total.rank_functions(rows, 2, logprobs) == [(1, pytest.approx(-0.6))]  # A is 4.5 nats below
+    total.alternative_margin = 5.0
+    assert total.rank_functions(rows, 2, logprobs) == [(1, pytest.approx(-0.6)), (0, pytest.approx(-5.1))]
+    # With the names' prior taken out (PMI): A is far likelier than its prior says, B just as likely as its prior.
+    total.alternative_margin, total.prior_weight = 3.0, 1.0
+    prior = np.array([-6.0, -0.1, -9.0])  # scores: 0.9, -0.5, -0.1
+    assert total.rank_functions(rows, 2, logprobs, prior) == [(0, pytest.approx(-5.1)), (2, pytest.approx(-9.1)),
+                                                              (1, pytest.approx(-0.6))]
+    with pytest.raises(ValueError, match="rank_by"):
+        SidecarPredictor(None, None, rank_by="best")
+
+
 def test_common_prefix_len():
     assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
     assert common_prefix_len([[1], [2]]) == 0
@@ -288,6 +311,18 @@ def test_predictor_payload_on_real_model(smol_predictor):
     assert payload.best.function == "get_time" and not payload.alternatives
     with pytest.raises(ValueError, match="does not offer"):
         smol_predictor.predict(Job("r3", job.messages, WEATHER, function="rm_rf"))
+
+
+def test_name_prior_leaves_the_conversation_out_and_is_kept_per_tool_list(smol_predictor):
+    p = SidecarPredictor(smol_predictor.model, smol_predictor.tokenizer, prior_weight=1.0)
+    ask = lambda text: Job("r", [{"role": "system", "content": "You call tools."},  # noqa: E731
+                                 {"role": "user", "content": text}], WEATHER, chat_tools=WEATHER, opener="<tool_call>\n")
+    first = p.name_prior(ask("Weather in Paris?"), TOOLS)
+    assert len(first) == len(TOOLS) and np.all(first < 0) and len(p._priors) == 1
+    fresh = SidecarPredictor(smol_predictor.model, smol_predictor.tokenizer, prior_weight=1.0)
+    assert np.allclose(fresh.name_prior(ask("What time is it in Tokyo?"), TOOLS), first, atol=1e-4)
+    payload = parse_payload(p.predict(ask("What time is it in Tokyo?")), "r", TOOLS)
+    assert payload.best.function in ("get_weather", "get_time") and len(p._priors) == 1  # the same tools: reused
 
 
 # -- faults: the sidecar is an optimisation, never a dependency ------------------------------------------

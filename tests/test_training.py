@@ -75,8 +75,49 @@ def test_rows_are_the_predictor_queries(smol):
     assert rows.prefixes[0] == "" and rows.completions[0] == fmt.function_prefix(job)
     assert rows.prefixes[1] == fmt.function_prefix(job)
     assert rows.completions[1].startswith(trace["call"]["name"] + '", "arguments":')
-    assert len(rows.prefixes) == 2 + len([p for p in trace["tools"] if p["function"]["name"] == trace["call"]["name"]
-                                          for _ in p["function"]["parameters"]["properties"]])
+    names = [t["function"]["name"] for t in trace["tools"]]
+    slots = len(next(t for t in trace["tools"] if t["function"]["name"] == trace["call"]["name"])
+                ["function"]["parameters"]["properties"])
+    # Then the other offered tools' name rows, unsupervised: the function choice as a ranking.
+    assert len(rows.prefixes) == 2 + slots + len(names) - 1
+    assert rows.supervised == [True] * (2 + slots) + [False] * (len(names) - 1)
+    assert [rows.completions[i].split('"')[0] for i in rows.choices] == names
+    assert names[rows.chosen] == trace["call"]["name"] and rows.choices[rows.chosen] == 1
+    assert all(rows.prefixes[i] == fmt.function_prefix(job) for i in rows.choices)
+    one_tool = {**trace, "tools": [t for t in trace["tools"] if t["function"]["name"] == trace["call"]["name"]]}
+    assert rows_for(one_tool, fmt).choices == [] and rows_for(one_tool, fmt).chosen == -1
+
+
+def test_ranking_loss_scores_names_as_the_predictor_does(smol):
+    """The training loss ranks the offered tools by the very scores the predictor ranks them by."""
+    import numpy as np
+    import torch
+
+    from oospec.sidecar.predictor import SidecarPredictor
+    from oospec.tools.schema import tools_from_openai
+    from oospec.training.lora import _cache_kw, encode_rows, request_loss
+
+    model, tok = smol
+    trace = _trace()
+    fmt = TaskFormat(tok)
+    enc = encode_rows(rows_for(trace, fmt), fmt, 4096)
+    with torch.no_grad():
+        loss = request_loss(model, enc, _cache_kw(model))
+    predictor = SidecarPredictor(model, tok)
+    job = job_for(trace)
+    tools = tools_from_openai(trace["tools"])
+    prompt = fmt.prompt(job)
+    rows = [fmt.encode(prompt + fmt.function_row(job, t.name)) for t in tools]
+    from oospec.sidecar.predictor import common_prefix_len
+
+    shared = common_prefix_len(rows)
+    predictor.runner.encode_prefix(rows[0][:shared])
+    logprobs, _ = predictor.runner.run([r[shared:] for r in rows], keep_all_logits=True)
+    totals = np.array([lp.sum() for lp in logprobs])
+    want = -(totals[enc.chosen] - np.log(np.exp(totals).sum()))
+    assert float(loss.rank) == pytest.approx(want, abs=2e-3)
+    assert loss.ranked_first == (int(np.argmax(totals)) == enc.chosen)
+    assert loss.tokens == sum(len(r) - f for r, f, sup in zip(enc.rows, enc.label_from, enc.supervised) if sup)
 
 
 def test_a_plain_answer_is_a_no_call_row(smol):
@@ -104,8 +145,17 @@ def test_lora_learns_a_call_and_the_predictor_uses_it(smol, tmp_path):
     summary = train([trace, chat], tmp_path / "adapter", cfg, model=copy.deepcopy(model), tokenizer=tok,
                     progress=False)
     assert summary["last_loss"] < 0.3 * summary["first_loss"]
+    log = json.loads((tmp_path / "adapter" / "loss.json").read_text())
+    ranked = [x for x in log if x["ranked"]]
+    assert len(ranked) == cfg.epochs and ranked[-1]["rank_loss"] < ranked[0]["rank_loss"]
+    assert summary["function_ranked_first"][-1] == 1.0
+    # The predictor queries this adapter as it was trained: whole names ranked, their prior taken out.
+    assert json.loads((tmp_path / "adapter" / "sidecar.json").read_text()) == {
+        "min_call_probability": 0.5, "rank_by": "total", "prior_weight": 1.0}
     for name in ("adapter_config.json", "adapter_model.safetensors", "train_config.json", "loss.png"):
         assert (tmp_path / "adapter" / name).is_file()
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "smollm2-135m"  # a name any machine resolves, not a cache path
     predictor = SidecarPredictor(model, tok)  # base model, then the adapter merged into a copy
     trained = SidecarPredictor.from_pretrained("smollm2-135m", adapter=str(tmp_path / "adapter"))
     job = job_for(trace)
@@ -138,3 +188,32 @@ def test_traces_are_the_teachers_greedy_calls_and_resume(tmp_path):
                              dialect=sample.dialect, method="ar", max_new_tokens=12)
         assert next(t for t in traces if t["id"] == sample.id)["text"] == ar.text
     assert len(read_traces(path)) == 2 and np.all([t["messages"] for t in traces])
+
+
+def test_agreement_counts_only_whole_calls_and_says_which_calls_were_predictable():
+    """Full-call agreement needs the function and exactly the teacher's arguments (an extra slot is a miss);
+    calls of a tool that does not exist, or with values of the wrong type, are reported apart."""
+    from oospec.sidecar.protocol import Guess, encode_payload
+    from oospec.training.evaluate import agreement, format_table
+
+    call = {"name": "searchAxolotlImages", "arguments": {"color": "albino", "page": 2}}
+    trace = {**_trace(), "call": call}
+    class Fixed:
+        def __init__(self, arguments):
+            self.arguments = arguments
+
+        def predict(self, job):
+            return encode_payload(job.request_id, [Guess(call["name"], self.arguments)], 0.1, 0.0)
+
+    misnamed = {**trace, "id": "misnamed", "call": {"name": "Name", "arguments": call["arguments"]}}
+    mistyped = {**trace, "id": "mistyped", "call": {"name": call["name"], "arguments": {"color": "albino", "page": {}}}}
+    right = agreement(Fixed(call["arguments"]), [trace, misnamed, mistyped], progress=False)
+    assert right["function_accuracy"] == pytest.approx(2 / 3) and right["full_call_agreement"] == pytest.approx(1 / 3)
+    assert right["predictable_calls"] == 1 and right["full_call_agreement_predictable"] == 1.0
+    assert [i["predictable"] for i in right["items"]] == [True, False, False]
+    assert right["slot_exact_match"] == pytest.approx(3 / 6)  # misnamed: no slot counts without the function
+    extra = agreement(Fixed({**call["arguments"], "size": "small"}), [trace], progress=False)
+    assert extra["function_accuracy"] == 1.0 and extra["slot_exact_match"] == 1.0 and extra["full_call_agreement"] == 0.0
+    left_out = agreement(Fixed({"color": "albino"}), [trace], progress=False)
+    assert left_out["slot_exact_match"] == 0.5 and left_out["full_call_agreement"] == 0.0
+    assert "| 33.3% | 100.0% (1) |" in format_table({"fixed": right})

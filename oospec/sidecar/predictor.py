@@ -264,7 +264,9 @@ class SidecarPredictor:
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 64,
                  alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
-                 min_call_probability: float = 0.0):
+                 min_call_probability: float = 0.0, rank_by: str = "greedy", prior_weight: float = 0.0):
+        if rank_by not in ("greedy", "total"):
+            raise ValueError(f"rank_by must be 'greedy' or 'total', got {rank_by!r}")
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
@@ -279,6 +281,15 @@ class SidecarPredictor:
         # carry their own (SIDECAR_SETTINGS).
         self.min_call_probability = min_call_probability
         self.call_probability: float | None = None  # of the last job
+        # How the function is chosen: "greedy" follows the model's own greedy path through the names (what free
+        # generation would write; right for a base model), "total" takes the likeliest whole name (what an adapter
+        # trained with the ranking loss was trained to get right).
+        self.rank_by = rank_by
+        # > 0: rank names by log P(name | request) - prior_weight * log P(name | the same tools, no conversation)
+        # (pointwise mutual information). An adapter leans towards the names it was trained on whatever the
+        # conversation says; the prior measures that lean, so it can be taken out. Implies "total".
+        self.prior_weight = prior_weight
+        self._priors: dict[str, np.ndarray] = {}  # per tool list and system turn: agents reuse them
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_ids = set(getattr(tokenizer, "all_special_ids", []) or []) | ({eos} if eos is not None else set())
 
@@ -318,6 +329,8 @@ class SidecarPredictor:
                 raise ValueError(f"the job names function {job.function!r}, which the request does not offer")
         prompt = self.format.prompt(job)
         self.call_probability = None
+        # First, while the runner's cache holds no conversation: the prior shares the system turn with the prompt.
+        prior = self.name_prior(job, tools) if self.prior_weight and job.function is None and len(tools) > 1 else None
         if job.function is None:
             self.call_probability = self.call_likelihood(job, prompt)
             if self.call_probability < self.min_call_probability:
@@ -332,7 +345,7 @@ class SidecarPredictor:
             chosen = [(0, 0.0)]
         else:
             logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
-            chosen = self.rank_functions(rows, shared, logprobs)
+            chosen = self.rank_functions(rows, shared, logprobs, prior)
         return self.fill_slots(job, prompt, [(tools[i], score) for i, score in chosen])
 
     def call_likelihood(self, job: Job, prompt: str) -> float:
@@ -346,10 +359,32 @@ class SidecarPredictor:
         logprobs, _ = self.runner.run([r[start:] for r in rows], keep_all_logits=True)
         return float(min(1.0, sum(np.exp(lp.sum()) for lp in logprobs)))
 
-    def rank_functions(self, rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> list[tuple[int, float]]:
-        """[(tool index, score)]: the sidecar's greedy path through the names, then the runner-up if close."""
+    def name_prior(self, job: Job, tools: Sequence[Tool]) -> np.ndarray:
+        """Each name's log-probability with the conversation taken out (system turn and tools kept, one neutral
+        user turn): what the sidecar would call whatever was asked. Cached per tool list and system turn."""
+        system = [m for m in job.messages if m.get("role") == "system"]
+        key = json.dumps([system, job.tools, job.chat_tools, job.opener, job.args_key], sort_keys=True)
+        prior = self._priors.get(key)
+        if prior is None:
+            neutral = replace(job, messages=system + [{"role": "user", "content": "N/A"}])
+            prompt = self.format.prompt(neutral)
+            rows = [self.format.encode(prompt + self.format.function_row(neutral, t.name)) for t in tools]
+            shared = min(common_prefix_len(rows), min(map(len, rows)) - 1)
+            self.runner.encode_prefix(rows[0][:shared])
+            logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
+            prior = np.array([lp.sum() for lp in logprobs])
+            if len(self._priors) >= 256:
+                self._priors.pop(next(iter(self._priors)))
+            self._priors[key] = prior
+        return prior
+
+    def rank_functions(self, rows: list[list[int]], shared: int, logprobs: list[np.ndarray],
+                       prior: np.ndarray | None = None) -> list[tuple[int, float]]:
+        """[(tool index, log-probability of its name)]: the chosen name (`rank_by`, `prior_weight`), then the
+        runners-up within the margin."""
         totals = np.array([lp.sum() for lp in logprobs])
-        alive = list(range(len(rows)))
+        scores = totals if prior is None else totals - self.prior_weight * prior
+        alive = [int(np.argmax(scores))] if self.rank_by == "total" or prior is not None else list(range(len(rows)))
         depth = 0
         while len(alive) > 1:
             # Rows still tied diverge here: follow the likeliest next token, as greedy decoding would.
@@ -362,8 +397,8 @@ class SidecarPredictor:
             depth += 1
         best = alive[0]
         out = [(best, float(totals[best]))]
-        floor = max(totals[best], totals.max()) - self.alternative_margin
-        others = [int(i) for i in np.argsort(-totals) if i != best and totals[i] >= floor]
+        floor = max(scores[best], scores.max()) - self.alternative_margin
+        others = [int(i) for i in np.argsort(-scores) if i != best and scores[i] >= floor]
         return out + [(i, float(totals[i])) for i in others[: self.max_alternatives]]
 
     def fill_slots(self, job: Job, prompt: str, chosen: list[tuple[Tool, float]]) -> list[Guess]:

@@ -61,8 +61,14 @@ def cmd_train(args) -> None:
     traces = read_traces(args.traces)
     if not traces:
         raise OospecError(f"no traces in {args.traces}: run `oospec sidecar traces` first")
+    if args.datasets:
+        keep = set(args.datasets.split(","))
+        traces = [t for t in traces if t.get("dataset") in keep]
+        if not traces:
+            raise OospecError(f"no traces of datasets {sorted(keep)} in {args.traces}")
     cfg = TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
-                      batch_requests=args.batch_requests, seed=args.seed, threads=args.threads)
+                      batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
+                      threads=args.threads)
     summary = train(traces, args.out, cfg)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 
@@ -83,9 +89,16 @@ def cmd_eval(args) -> None:
         traces = traces_from_bench(args.from_bench, dataset, split or None)[: args.limit]
     else:
         traces = read_traces(args.traces)[: args.limit]
+    # Overrides of how the trained adapter is queried (its sidecar.json otherwise), to compare choices.
+    overrides = {k: v for k, v in (("rank_by", args.rank_by), ("prior_weight", args.prior_weight)) if v is not None}
+    runs = [] if args.skip_base else [("base " + args.base, None)]
+    if args.adapter:
+        runs.append(("trained " + args.adapter + "".join(f" {k}={v}" for k, v in overrides.items()), args.adapter))
+    if not runs:
+        raise OospecError("nothing to evaluate: --skip-base needs --adapter")
     results = {}
-    for name, adapter in [("base " + args.base, None)] + ([("trained " + args.adapter, args.adapter)] if args.adapter else []):
-        predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter)
+    for name, adapter in runs:
+        predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter, **(overrides if adapter else {}))
         results[name] = agreement(predictor, traces)
     table = format_table(results)
     print(table)
@@ -119,6 +132,10 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--batch-requests", type=int, default=4)
+    p.add_argument("--datasets", default=None, metavar="A,B",
+                   help="train on the traces of these datasets only (e.g. apibank,toolalpaca: no synthetic requests)")
+    p.add_argument("--rank-weight", type=float, default=1.0,
+                   help="weight of the function-ranking loss (teacher's tool above the other offered tools)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None)
     p.set_defaults(func=cmd_train)
@@ -132,6 +149,11 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON results here (and a .md table beside it)")
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--skip-base", action="store_true", help="evaluate the adapter only")
+    p.add_argument("--rank-by", choices=("greedy", "total"), default=None,
+                   help="how the adapter's function is chosen (default: its sidecar.json)")
+    p.add_argument("--prior-weight", type=float, default=None,
+                   help="weight of the names' prior taken out of their scores (default: the adapter's sidecar.json)")
     p.set_defaults(func=cmd_eval)
 
 

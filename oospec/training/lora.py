@@ -3,7 +3,9 @@
 Each step encodes a request's prompt once without gradients and trains all of its rows as one batch over that
 cached prompt (left-padded rows, as the predictor runs them): a request with five slots costs one prompt
 forward, not five. Gradients flow through the row tokens only (the prompt's keys and values are treated as
-given), which is what makes training fit this CPU. Loss: cross-entropy on the completion tokens.
+given), which is what makes training fit this CPU. Loss: cross-entropy on the completion tokens, plus (weight
+`rank_weight`) a ranking loss on the function choice: the softmax, over the offered tools, of each name row's
+summed log-probability (the predictor's own score) should put the teacher's tool first.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -37,6 +40,7 @@ class TrainConfig:
     epochs: int = 2
     batch_requests: int = 4  # requests per optimizer step (each carries all its rows)
     warmup_steps: int = 4
+    rank_weight: float = 1.0  # function-ranking loss, per request, beside the per-token cross-entropy
     max_prompt_tokens: int = 2048
     seed: int = 0
     threads: int | None = None
@@ -47,6 +51,9 @@ class Encoded:
     shared: list[int]  # prompt tokens shared by every row
     rows: list[list[int]]  # per row: tokens after the shared part
     label_from: list[int]  # per row: index in `rows[i]` of its first completion token (>= 1)
+    supervised: list[bool]  # per row: cross-entropy on its completion
+    choices: list[int]  # rows scoring each offered tool's name ([]: one tool, nothing to rank)
+    chosen: int  # the teacher's tool, as an index into `choices`
 
 
 def encode_rows(rr: RequestRows, fmt: TaskFormat, max_prompt_tokens: int) -> Encoded | None:
@@ -56,7 +63,8 @@ def encode_rows(rr: RequestRows, fmt: TaskFormat, max_prompt_tokens: int) -> Enc
     shared = min(common_prefix_len(full), min(starts) - 1)
     if shared <= 0 or shared > max_prompt_tokens:
         return None
-    return Encoded(full[0][:shared], [f[shared:] for f in full], [s - shared for s in starts])
+    return Encoded(full[0][:shared], [f[shared:] for f in full], [s - shared for s in starts],
+                   rr.supervised or [True] * len(full), rr.choices, rr.chosen)
 
 
 def _cache_kw(model) -> str:
@@ -65,8 +73,14 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def request_loss(model, enc: Encoded, cache_kw: str) -> tuple[torch.Tensor, int]:
-    """Summed cross-entropy over the completion tokens of one request's rows, and how many there are."""
+class RequestLoss(NamedTuple):
+    tokens_nll: torch.Tensor  # summed cross-entropy over the completion tokens of the supervised rows
+    tokens: int  # how many there are
+    rank: torch.Tensor | None  # function-ranking loss (None: the request offers one tool)
+    ranked_first: bool  # the teacher's tool has the highest score
+
+
+def request_loss(model, enc: Encoded, cache_kw: str) -> RequestLoss:
     from transformers.cache_utils import DynamicCache
 
     s = len(enc.shared)
@@ -94,10 +108,35 @@ def request_loss(model, enc: Encoded, cache_kw: str) -> tuple[torch.Tensor, int]
     mask[:, 0, :, s:] = torch.where(allowed, 0.0, torch.finfo(dtype).min)
     out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **{cache_kw: cache})
     logits = out.logits.float()
-    n = int((labels != -100).sum())
-    loss = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1), ignore_index=-100,
-                                             reduction="sum")
-    return loss, n
+    token_nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
+                                                  ignore_index=-100, reduction="none").view(r, width)
+    supervised = torch.tensor(enc.supervised)[:, None] & (labels != -100)
+    loss = (token_nll * supervised).sum()
+    rank, first = None, False
+    if enc.choices:
+        # The predictor's score of a name: its row's summed log-probability after the shared prefix.
+        scores = -token_nll[enc.choices].sum(-1)
+        rank = torch.nn.functional.cross_entropy(scores[None], torch.tensor([enc.chosen]))
+        first = int(scores.argmax()) == enc.chosen
+    return RequestLoss(loss, int(supervised.sum()), rank, first)
+
+
+def predictor_settings(cfg: TrainConfig) -> dict:
+    """How the predictor should query an adapter trained with `cfg` (saved beside it as SIDECAR_SETTINGS)."""
+    # The call-or-none row was trained: this adapter's belief that a call comes is worth acting on.
+    settings = {"min_call_probability": 0.5}
+    if cfg.rank_weight > 0:
+        # Trained to rank whole names; and it leans towards the names it was trained on, whatever the request:
+        # that lean (the names' prior without the conversation) is taken out.
+        settings.update(rank_by="total", prior_weight=1.0)
+    return settings
+
+
+def _name_base(path: Path, base: str) -> None:
+    """The base model by its oospec name, not this machine's cache path: the adapter is shipped."""
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = base
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _store_half(path: Path) -> None:
@@ -155,29 +194,41 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
         for k in range(0, len(order), cfg.batch_requests):
             batch = [encoded[i] for i in order[k : k + cfg.batch_requests]]
             opt.zero_grad(set_to_none=True)
-            tokens = sum(sum(len(r) - max(1, f) for r, f in zip(e.rows, e.label_from)) for e in batch)
-            total_loss = 0.0
+            tokens = sum(sum(len(r) - max(1, f) for r, f, sup in zip(e.rows, e.label_from, e.supervised) if sup)
+                         for e in batch)
+            total_loss, rank_loss, ranked, top = 0.0, 0.0, 0, 0
             for enc in batch:
-                loss, n = request_loss(model, enc, cache_kw)
-                (loss / max(1, tokens)).backward()
-                total_loss += float(loss.detach())
+                loss = request_loss(model, enc, cache_kw)
+                objective = loss.tokens_nll / max(1, tokens)
+                if loss.rank is not None:
+                    objective = objective + cfg.rank_weight * loss.rank / len(batch)
+                    rank_loss += float(loss.rank.detach())
+                    ranked += 1
+                    top += loss.ranked_first
+                objective.backward()
+                total_loss += float(loss.tokens_nll.detach())
             torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             log.append({"step": len(log) + 1, "epoch": epoch, "loss": total_loss / max(1, tokens),
+                        "rank_loss": rank_loss / ranked if ranked else None, "ranked": ranked, "ranked_top": top,
                         "tokens": tokens, "elapsed_s": round(time.time() - t0, 1)})
-            bar.set_postfix(loss=f"{log[-1]['loss']:.3f}")
+            bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", rank=f"{log[-1]['rank_loss'] or 0:.3f}")
             bar.update(1)
     bar.close()
     model.save_pretrained(str(out))
     _store_half(out / "adapter_model.safetensors")
+    _name_base(out / "adapter_config.json", cfg.base)
     summary = {"config": asdict(cfg), "requests": len(encoded), "rows": sum(len(e.rows) for e in encoded),
                "steps": len(log), "train_s": round(time.time() - t0, 1),
-               "first_loss": log[0]["loss"], "last_loss": float(np.mean([x["loss"] for x in log[-3:]]))}
+               "first_loss": log[0]["loss"], "last_loss": float(np.mean([x["loss"] for x in log[-3:]])),
+               # Training requests whose tool the sidecar ranked first, as it went (per epoch).
+               "function_ranked_first": [round(sum(x["ranked_top"] for x in log if x["epoch"] == e)
+                                               / max(1, sum(x["ranked"] for x in log if x["epoch"] == e)), 3)
+                                         for e in range(cfg.epochs)]}
     (out / "train_config.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "loss.json").write_text(json.dumps(log) + "\n")
-    # The call-or-none row was trained: this adapter's belief that a call comes is worth acting on.
-    (out / SIDECAR_SETTINGS).write_text(json.dumps({"min_call_probability": 0.5}) + "\n")
+    (out / SIDECAR_SETTINGS).write_text(json.dumps(predictor_settings(cfg)) + "\n")
     plot_loss(log, out / "loss.png", title=f"LoRA r={cfg.r} on {cfg.base}: {len(encoded)} requests")
     return summary
 
@@ -189,9 +240,15 @@ def plot_loss(log: list[dict], path: Path, title: str = "") -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot([x["step"] for x in log], [x["loss"] for x in log], marker=".", linewidth=1)
+    ax.plot([x["step"] for x in log], [x["loss"] for x in log], marker=".", linewidth=1,
+            label="completion loss (nats/token)")
+    ranked = [x for x in log if x.get("rank_loss") is not None]
+    if ranked:
+        ax.plot([x["step"] for x in ranked], [x["rank_loss"] for x in ranked], marker=".", linewidth=1,
+                label="function ranking loss (nats/request)")
+        ax.legend(fontsize=7)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("completion loss (nats/token)")
+    ax.set_ylabel("loss")
     ax.set_title(title, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -4,12 +4,16 @@ Per request: the prompt once, then one row for whether a call comes at all (the 
 of the teacher's plain answer), one row per function choice (which tool the teacher called) and one row per
 argument slot of that tool (its value, or null where the teacher left an optional slot out), each with the
 same assistant prefix `SidecarPredictor` primes it with (`TaskFormat`). Loss is on the completions only.
+
+The function choice is also given as a ranking: one unsupervised row per other offered tool, scored exactly as
+the predictor scores names, so training can ask for the teacher's tool to outrank the others (`choices`). Its
+cross-entropy alone rests on the one token where the names part, among dozens of slot tokens.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oospec.sidecar.predictor import VALUE_OPENERS, Job, TaskFormat
 from oospec.tools.schema import tools_from_openai
@@ -23,6 +27,9 @@ class RequestRows:
     prompt: str
     prefixes: list[str]  # per row: assistant text the predictor primes the row with
     completions: list[str]  # per row: what the sidecar should write next
+    supervised: list[bool] = field(default_factory=list)  # per row: cross-entropy on it ([]: every row)
+    choices: list[int] = field(default_factory=list)  # rows scoring each offered tool's name, in tool order
+    chosen: int = -1  # the teacher's tool, as an index into `choices`
 
 
 def job_for(trace: dict) -> Job:
@@ -73,4 +80,17 @@ def rows_for(trace: dict, fmt: TaskFormat) -> RequestRows | None:
             continue
         prefixes.append(fmt.slot_prefix(job, tool.name, p))
         completions.append(completion)
-    return RequestRows(trace["id"], fmt.prompt(job), prefixes, completions)
+    supervised = [True] * len(prefixes)
+    choices = []
+    for name in tools:
+        if name == tool.name:
+            choices.append(1)
+            continue
+        choices.append(len(prefixes))
+        prefixes.append(fmt.function_prefix(job))
+        completions.append(name + f'", "{job.args_key}":')
+        supervised.append(False)
+    if len(choices) < 2:
+        choices = []
+    return RequestRows(trace["id"], fmt.prompt(job), prefixes, completions, supervised, choices,
+                       choices.index(1) if choices else -1)
