@@ -95,7 +95,7 @@ def test_ranking_loss_scores_names_as_the_predictor_does(smol):
 
     from oospec.sidecar.predictor import SidecarPredictor
     from oospec.tools.schema import tools_from_openai
-    from oospec.training.lora import _cache_kw, encode_rows, request_loss
+    from oospec.training.lora import _cache_kw, encode_rows, request_loss, supervised_tokens
 
     model, tok = smol
     trace = _trace()
@@ -117,7 +117,10 @@ def test_ranking_loss_scores_names_as_the_predictor_does(smol):
     want = -(totals[enc.chosen] - np.log(np.exp(totals).sum()))
     assert float(loss.rank) == pytest.approx(want, abs=2e-3)
     assert loss.ranked_first == (int(np.argmax(totals)) == enc.chosen)
-    assert loss.tokens == sum(len(r) - f for r, f, sup in zip(enc.rows, enc.label_from, enc.supervised) if sup)
+    # The token loss covers the supervised rows only: the other tools' name rows are there to be ranked.
+    sup = [i for i, ok in enumerate(enc.supervised) if ok]
+    assert supervised_tokens(enc) == sum(len(enc.rows[i]) - enc.label_from[i] for i in sup) < sum(
+        len(r) - f for r, f in zip(enc.rows, enc.label_from))
 
 
 def test_a_plain_answer_is_a_no_call_row(smol):

@@ -335,18 +335,24 @@ class SidecarPredictor:
             self.call_probability = self.call_likelihood(job, prompt)
             if self.call_probability < self.min_call_probability:
                 return []
-        names = [t.name for t in tools]
-        rows = [self.format.encode(prompt + self.format.function_row(job, n)) for n in names]
+        rows = [self.format.encode(prompt + self.format.function_row(job, t.name)) for t in tools]
         probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
                  for t in tools if t.parameters]
-        shared = min(common_prefix_len(rows + probe), min(len(r) for r in rows + probe) - 1)
-        self.runner.encode_prefix(rows[0][:shared])
         if len(tools) == 1:
+            self.runner.encode_prefix(rows[0][: min(common_prefix_len(rows + probe), len(rows[0]) - 1)])
             chosen = [(0, 0.0)]
         else:
-            logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
+            shared, logprobs = self.score_rows(rows, share_with=probe)
             chosen = self.rank_functions(rows, shared, logprobs, prior)
         return self.fill_slots(job, prompt, [(tools[i], score) for i, score in chosen])
+
+    def score_rows(self, rows: list[list[int]], share_with: Sequence[Sequence[int]] = ()) -> tuple[int, list[np.ndarray]]:
+        """Encode once what `rows` share (with `share_with` too: rows run next, which then find it cached), then
+        score the rest of every row in one batch: (shared length, per row its tokens' log-probabilities)."""
+        shared = min(common_prefix_len([*rows, *share_with]), min(map(len, rows)) - 1)
+        self.runner.encode_prefix(rows[0][:shared])
+        logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
+        return shared, logprobs
 
     def call_likelihood(self, job: Job, prompt: str) -> float:
         """The sidecar's belief that the answer opens a call, in any of the openers the target may use: the
@@ -354,9 +360,7 @@ class SidecarPredictor:
         their probabilities add up)."""
         openers = list(dict.fromkeys([job.opener, *(job.openers or ())]))
         rows = [self.format.encode(prompt + self.format.function_prefix(replace(job, opener=o))) for o in openers]
-        start = min(common_prefix_len([self.format.encode(prompt), *rows]), min(map(len, rows)) - 1)
-        self.runner.encode_prefix(rows[0][:start])
-        logprobs, _ = self.runner.run([r[start:] for r in rows], keep_all_logits=True)
+        _, logprobs = self.score_rows(rows, share_with=[self.format.encode(prompt)])
         return float(min(1.0, sum(np.exp(lp.sum()) for lp in logprobs)))
 
     def name_prior(self, job: Job, tools: Sequence[Tool]) -> np.ndarray:
@@ -368,10 +372,8 @@ class SidecarPredictor:
         if prior is None:
             neutral = replace(job, messages=system + [{"role": "user", "content": "N/A"}])
             prompt = self.format.prompt(neutral)
-            rows = [self.format.encode(prompt + self.format.function_row(neutral, t.name)) for t in tools]
-            shared = min(common_prefix_len(rows), min(map(len, rows)) - 1)
-            self.runner.encode_prefix(rows[0][:shared])
-            logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
+            _, logprobs = self.score_rows([self.format.encode(prompt + self.format.function_row(neutral, t.name))
+                                           for t in tools])
             prior = np.array([lp.sum() for lp in logprobs])
             if len(self._priors) >= 256:
                 self._priors.pop(next(iter(self._priors)))
@@ -384,7 +386,18 @@ class SidecarPredictor:
         runners-up within the margin."""
         totals = np.array([lp.sum() for lp in logprobs])
         scores = totals if prior is None else totals - self.prior_weight * prior
-        alive = [int(np.argmax(scores))] if self.rank_by == "total" or prior is not None else list(range(len(rows)))
+        if self.rank_by == "total" or prior is not None:
+            best = int(np.argmax(scores))
+        else:
+            best = self._greedy_path(rows, shared, logprobs)
+        floor = max(scores[best], scores.max()) - self.alternative_margin
+        others = [int(i) for i in np.argsort(-scores) if i != best and scores[i] >= floor]
+        return [(best, float(totals[best]))] + [(i, float(totals[i])) for i in others[: self.max_alternatives]]
+
+    @staticmethod
+    def _greedy_path(rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> int:
+        """The name greedy decoding would write: at each token where the names part, the likeliest."""
+        alive = list(range(len(rows)))
         depth = 0
         while len(alive) > 1:
             # Rows still tied diverge here: follow the likeliest next token, as greedy decoding would.
@@ -395,11 +408,7 @@ class SidecarPredictor:
             best_lp = max(logprobs[i][depth] for i, t in zip(alive, at) if t >= 0)
             alive = [i for i, t in zip(alive, at) if t >= 0 and logprobs[i][depth] == best_lp]
             depth += 1
-        best = alive[0]
-        out = [(best, float(totals[best]))]
-        floor = max(scores[best], scores.max()) - self.alternative_margin
-        others = [int(i) for i in np.argsort(-scores) if i != best and scores[i] >= floor]
-        return out + [(i, float(totals[i])) for i in others[: self.max_alternatives]]
+        return alive[0]
 
     def fill_slots(self, job: Job, prompt: str, chosen: list[tuple[Tool, float]]) -> list[Guess]:
         slots = [(tool, p) for tool, _ in chosen for p in tool.parameters][: self.max_slot_rows]

@@ -32,9 +32,10 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
     items, decisions = [], []
     for trace in tqdm(list(traces), desc="eval", unit="req", disable=not progress):
         job = job_for(trace)
+        tools = tools_from_openai(trace["tools"])
         t0 = time.perf_counter()
         try:
-            payload = parse_payload(predictor.predict(job), job.request_id, tools_from_openai(trace["tools"]))
+            payload = parse_payload(predictor.predict(job), job.request_id, tools)
             guess, no_call = payload.best, payload.best is None
         except (PayloadError, ValueError):
             guess, no_call = None, False
@@ -48,7 +49,7 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
         matched = sum(1 for k, v in args.items() if fn and k in guess.arguments and _same(guess.arguments[k], v))
         full = fn and matched == len(args) and set(guess.arguments) == set(args)
         items.append({"id": trace["id"], "function": fn, "slots": len(args), "slots_matched": matched, "full": full,
-                      "predictable": predictable(call, tools_from_openai(trace["tools"])),
+                      "predictable": predictable(call, tools),
                       "latency_s": round(latency, 3), "predicted": None if guess is None else
                       {"function": guess.function, "arguments": guess.arguments}, "teacher": call})
     n = len(items)

@@ -73,9 +73,13 @@ def _cache_kw(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def supervised_tokens(enc: Encoded) -> int:
+    """How many completion tokens of `enc` carry cross-entropy (the labels `request_loss` sets)."""
+    return sum(len(r) - max(1, f) for r, f, sup in zip(enc.rows, enc.label_from, enc.supervised) if sup)
+
+
 class RequestLoss(NamedTuple):
     tokens_nll: torch.Tensor  # summed cross-entropy over the completion tokens of the supervised rows
-    tokens: int  # how many there are
     rank: torch.Tensor | None  # function-ranking loss (None: the request offers one tool)
     ranked_first: bool  # the teacher's tool has the highest score
 
@@ -118,7 +122,7 @@ def request_loss(model, enc: Encoded, cache_kw: str) -> RequestLoss:
         scores = -token_nll[enc.choices].sum(-1)
         rank = torch.nn.functional.cross_entropy(scores[None], torch.tensor([enc.chosen]))
         first = int(scores.argmax()) == enc.chosen
-    return RequestLoss(loss, int(supervised.sum()), rank, first)
+    return RequestLoss(loss, rank, first)
 
 
 def predictor_settings(cfg: TrainConfig) -> dict:
@@ -194,8 +198,7 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
         for k in range(0, len(order), cfg.batch_requests):
             batch = [encoded[i] for i in order[k : k + cfg.batch_requests]]
             opt.zero_grad(set_to_none=True)
-            tokens = sum(sum(len(r) - max(1, f) for r, f, sup in zip(e.rows, e.label_from, e.supervised) if sup)
-                         for e in batch)
+            tokens = sum(supervised_tokens(e) for e in batch)
             total_loss, rank_loss, ranked, top = 0.0, 0.0, 0, 0
             for enc in batch:
                 loss = request_loss(model, enc, cache_kw)
