@@ -8,7 +8,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from oospec.bench.datasets import load_dataset
+from oospec.datasets import load_dataset
 from oospec.drafters import make_drafter
 from oospec.engine.engine import Engine
 

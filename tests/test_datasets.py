@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_tools import QWEN25_CHAT_TEMPLATE, render_template
 
-from oospec.bench.datasets import (
+from oospec.datasets import (
     BFCL_SPLITS,
     DatasetError,
     Sample,
@@ -385,3 +385,71 @@ def test_data_is_packaged():
     assert (DATA / "LICENSES" / "Apache-2.0.txt").is_file() and (DATA / "LICENSES" / "MIT.txt").is_file()
     total = sum(p.stat().st_size for p in DATA.rglob("*") if p.is_file())
     assert total < 20 * 2**20
+
+
+# --------------------------------------------------------------------------------------------------
+# Malformed records: skipped with a one-line warning and counted, the rest of the file loads
+# --------------------------------------------------------------------------------------------------
+
+
+def _skip_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "oospec.datasets" and r.levelname == "WARNING"]
+
+
+def test_toolalpaca_unresolvable_ref_skips_that_api(tmp_path, caplog):
+    apis = json.loads((DATA / "toolalpaca" / "eval_simulated.json").read_text())
+    doc = apis[8]["Documentation"]  # Apache Superset: request bodies behind $ref
+    assert '"$ref": "#/components/schemas/' in doc
+    apis[8]["Documentation"] = doc.replace('"$ref": "#/components/schemas/', '"$ref": "#/components/schemas/Gone', 1)
+    f = tmp_path / "ta.json"
+    f.write_text(json.dumps(apis))
+    got = load_path(f)
+    good = [s for s in load_toolalpaca() if s.meta["api_index"] != 8]
+    assert [s.id for s in got] == [s.id for s in good] and _same(got, good)
+    assert len(got.skipped) == 1 and "API 8" in got.skipped[0] and "unresolvable $ref" in got.skipped[0]
+    (line,) = _skip_warnings(caplog)
+    assert "\n" not in line and "Apache Superset" in line
+
+
+def test_toolalpaca_unreadable_action_input_skips_that_instruction(tmp_path, caplog):
+    apis = json.loads((DATA / "toolalpaca" / "eval_simulated.json").read_text())
+    apis[0]["Golden_Answers"][3][0]["Action_Input"] = '{"color": "albino", '  # cut off mid-object
+    f = tmp_path / "ta.json"
+    f.write_text(json.dumps(apis))
+    got = load_dataset(str(f))
+    good = [s for s in load_toolalpaca() if s.id != "toolalpaca-0-3"]
+    assert len(got) == 99 and [s.id for s in got] == [s.id for s in good] and _same(got, good)
+    assert len(got.skipped) == 1 and "instruction 3" in got.skipped[0] and "Action_Input" in got.skipped[0]
+    assert len(_skip_warnings(caplog)) == 1
+    assert len(load_dataset(str(f), limit=5).skipped) == 1  # a limit keeps the count
+
+
+def test_json_lines_with_a_line_that_is_not_json(tmp_path, caplog):
+    recs = json.loads((DATA / "apibank" / "level-1-api_processed.json").read_text())[:4]
+    lines = [json.dumps(r) for r in recs]
+    f = tmp_path / "level-1-mine.jsonl"
+    f.write_text("\n".join(lines[:2] + ['{"system": "truncated'] + lines[2:]))
+    got = load_path(f)
+    assert _same(got, load_apibank(1)[:4]) and [s.id for s in got] == ["apibank-l1-0", "apibank-l1-1",
+                                                                        "apibank-l1-3", "apibank-l1-4"]
+    assert len(got.skipped) == 1 and "line 3" in got.skipped[0] and "not JSON" in got.skipped[0]
+
+    questions = [json.loads(x) for x in (DATA / "bfcl" / "BFCL_v4_multiple.json").read_text().splitlines()[:3]]
+    answers = (DATA / "bfcl" / "possible_answer" / "BFCL_v4_multiple.json").read_text().splitlines()[:3]
+    (tmp_path / "possible_answer").mkdir()
+    (tmp_path / "possible_answer" / "BFCL_v4_multiple.json").write_text("\n".join(answers + ["not json"]))
+    f = tmp_path / "BFCL_v4_multiple.json"
+    f.write_text("\n".join([json.dumps(questions[0]), "[oops", *map(json.dumps, questions[1:])]))
+    got = load_path(f)
+    assert _same(got, load_bfcl("multiple")[:3]) and all(call_accuracy(s, s.gold) for s in got)
+    assert len(got.skipped) == 2 and len(_skip_warnings(caplog)) == 3
+
+
+def test_a_file_with_nothing_usable_still_fails(tmp_path):
+    f = tmp_path / "junk.jsonl"
+    f.write_text("not json\nnor this\n")
+    with pytest.raises(DatasetError, match="neither JSON nor JSON Lines"):
+        load_path(f)
+    f.write_text('[{"system": "x", "user": "y"},\n oops]')
+    with pytest.raises(DatasetError, match="not valid JSON"):
+        load_path(f)

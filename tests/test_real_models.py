@@ -46,7 +46,7 @@ def test_smollm2_all_drafters_match_greedy(smol):
 def test_smollm2_tool_drafters_on_apibank_match_greedy(smol):
     """Schema, retrieval and toolspec drafting on real tool-call prompts, drafters reused across requests
     (habits and memory carry over, as in an agent session)."""
-    from oospec.bench.datasets import load_dataset
+    from oospec.datasets import load_dataset
 
     drafters = [make_drafter(m) for m in ("schema", "retrieval", "toolspec")]
     for sample in load_dataset("apibank", split="1", limit=4):
@@ -66,7 +66,7 @@ def test_smollm2_text_is_sensible(smol):
 
 @pytest.mark.slow
 def test_qwen_coder_05b_apibank_matches_greedy():
-    from oospec.bench.datasets import load_dataset
+    from oospec.datasets import load_dataset
     from oospec.engine.engine import Engine
 
     engine = Engine.from_pretrained("qwen2.5-coder-0.5b")

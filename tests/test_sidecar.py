@@ -336,7 +336,7 @@ def smol_engine():
 @pytest.fixture(scope="module")
 def apibank_case(smol_engine):
     """An API-Bank request on which SmolLM2 writes a call, its greedy tokens and the call it writes."""
-    from oospec.bench.datasets import load_dataset
+    from oospec.datasets import load_dataset
 
     sample = load_dataset("apibank", split="1", limit=2)[1]
     prompt = smol_engine.encode(sample.messages, sample.chat_tools())

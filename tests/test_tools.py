@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from oospec.datasets import tools_from_apibank_prompt, tools_from_toolalpaca
 from oospec.errors import SchemaError
 from oospec.tools.dialects import (
     DIALECTS,
@@ -23,9 +24,7 @@ from oospec.tools.schema import (
     normalize_type,
     to_openai,
     tool_from_openai,
-    tools_from_apibank_prompt,
     tools_from_openai,
-    tools_from_toolalpaca,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "oospec" / "data"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from oospec.bench.datasets import load_dataset
+from oospec.datasets import load_dataset
 from oospec.sidecar.predictor import TaskFormat
 from oospec.tools.dialects import validate
 from oospec.training.rows import job_for, rows_for, value_completion

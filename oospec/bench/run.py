@@ -113,7 +113,7 @@ def _dataset_label(spec: str, split: str | None) -> str:
 
 def load_datasets(cfg: BenchConfig) -> list[tuple[str, list]]:
     """[(label, samples)] for every dataset asked for, validated before any model is loaded."""
-    from oospec.bench.datasets import load_dataset, load_path
+    from oospec.datasets import load_dataset, load_path
 
     specs = [s.strip() for s in cfg.datasets if s and s.strip()]
     if not specs and not cfg.data:
@@ -354,7 +354,7 @@ def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
 
 
 def _accuracy(sample, text: str) -> tuple[bool | None, str | None]:
-    from oospec.bench.datasets import DatasetError, call_accuracy
+    from oospec.datasets import DatasetError, call_accuracy
 
     try:
         return bool(call_accuracy(sample, text)), None

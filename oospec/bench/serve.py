@@ -49,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def dialogues() -> dict[str, list]:
     """API-Bank level-1 samples grouped by dialogue file, turns in order."""
-    from oospec.bench.datasets import load_dataset
+    from oospec.datasets import load_dataset
 
     groups: dict[str, list] = collections.defaultdict(list)
     for s in load_dataset("apibank", split="1"):

@@ -1,4 +1,7 @@
-"""One internal tool schema, built from OpenAI/JSON-Schema tools, API-Bank prompts and ToolAlpaca APIs.
+"""One internal tool schema (Tool, Param), read from and written to OpenAI / JSON-Schema tools.
+
+Dataset formats that describe tools otherwise (API-Bank prose, ToolAlpaca OpenAPI) are read in
+oospec.datasets, on top of ``param_from_json_schema``.
 
 Parameter order is preserved everywhere: a model writes arguments in schema order, so drafting
 relies on it.
@@ -6,7 +9,6 @@ relies on it.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -165,7 +167,7 @@ class Tool:
 # --------------------------------------------------------------------------------------------------
 
 
-def _param_from_json_schema(name: str, schema: Any, where: str) -> Param:
+def param_from_json_schema(name: str, schema: Any, where: str) -> Param:
     if not isinstance(schema, Mapping):
         raise SchemaError(f"{where}: schema must be an object, got {type(schema).__name__}")
     raw_type = schema.get("type")
@@ -221,7 +223,7 @@ def _param_from_json_schema(name: str, schema: Any, where: str) -> Param:
             if isinstance(raw_items, list):  # tuple-typing: [{"type": ..}, ..]
                 extra["items"] = raw_items
                 raw_items = raw_items[0] if len(raw_items) == 1 else {}
-            items = _param_from_json_schema("", raw_items, f"{where}.items")
+            items = param_from_json_schema("", raw_items, f"{where}.items")
         elif item_hint:
             items = Param("", item_hint)
     elif "items" in schema and ptype != "any":
@@ -234,8 +236,8 @@ def _param_from_json_schema(name: str, schema: Any, where: str) -> Param:
         if props is not None:
             if not isinstance(props, Mapping):
                 raise SchemaError(f"{where}: properties must be an object, got {type(props).__name__}")
-            properties = tuple(_param_from_json_schema(k, v, f"{where}.{k}") for k, v in props.items())
-        required = _required_list(schema.get("required"), where)
+            properties = tuple(param_from_json_schema(k, v, f"{where}.{k}") for k, v in props.items())
+        required = required_names(schema.get("required"), where)
         if properties:
             unknown = [r for r in required if r not in props]
             if unknown:
@@ -253,7 +255,7 @@ def _param_from_json_schema(name: str, schema: Any, where: str) -> Param:
         raise SchemaError(f"{where}: {e}") from None
 
 
-def _required_list(raw: Any, where: str) -> tuple[str, ...]:
+def required_names(raw: Any, where: str) -> tuple[str, ...]:
     if raw is None or isinstance(raw, bool):
         return ()
     if not isinstance(raw, list | tuple) or not all(isinstance(r, str) for r in raw):
@@ -289,8 +291,8 @@ def tool_from_openai(spec: Mapping[str, Any]) -> Tool:
         props = {}
     if not isinstance(props, Mapping):
         raise SchemaError(f"{where}: parameters.properties must be an object, got {type(props).__name__}")
-    params = tuple(_param_from_json_schema(k, v, f"{where} parameter {k!r}") for k, v in props.items())
-    required = _required_list(params_schema.get("required"), where)
+    params = tuple(param_from_json_schema(k, v, f"{where} parameter {k!r}") for k, v in props.items())
+    required = required_names(params_schema.get("required"), where)
     missing = [r for r in required if r not in props]
     if missing:
         raise SchemaError(f"{where}: required parameters {missing} are not defined (have {list(props)})")
@@ -304,11 +306,11 @@ def tools_from_openai(specs: Iterable[Mapping[str, Any]] | Mapping[str, Any]) ->
     if isinstance(specs, str | bytes):
         raise SchemaError("tools must be a list of objects, got a string (parse the JSON first)")
     tools = [tool_from_openai(s) for s in specs]
-    _check_unique([t.name for t in tools])
+    check_unique_names([t.name for t in tools])
     return tools
 
 
-def _check_unique(names: Sequence[str]) -> None:
+def check_unique_names(names: Sequence[str]) -> None:
     seen = set()
     for n in names:
         if n in seen:
@@ -363,15 +365,8 @@ def to_openai(tool: Tool) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------------
-# API-Bank prose prompts
+# Bracket matching (shared by the call dialects and the prose tool lists of oospec.datasets)
 # --------------------------------------------------------------------------------------------------
-
-# "1. Name: ToolName\nDescription: ...\nParameters: {...}"   (ToolSpec levels 1 and 2)
-_APIBANK_NAMED = re.compile(r"^(?:\d+\.\s*)?Name:\s*(?P<name>[^\n]+?)\s*\n(?P<body>.*?)(?=^(?:\d+\.\s*)?Name:|\Z)",
-                            re.M | re.S)
-# "1. ToolName: description\nParameters: {...}"               (ToolSpec level 3)
-_APIBANK_INLINE = re.compile(r"^\d+\.\s*(?P<name>[A-Za-z_][\w.\-]*):\s*(?P<desc>[^\n]*)\n\s*Parameters:", re.M)
-_OPTIONAL_RE = re.compile(r"^\s*\[?\s*optional\b", re.I)
 
 
 def balanced_end(text: str, start: int) -> int | None:
@@ -405,272 +400,17 @@ def balanced_end(text: str, start: int) -> int | None:
     return None
 
 
-def _literal_dict(text: str, where: str) -> dict:
-    start = text.find("{")
-    if start < 0:
-        raise SchemaError(f"{where}: no parameter dictionary found")
-    end = balanced_end(text, start)
-    if end is None:
-        raise SchemaError(f"{where}: unbalanced parameter dictionary {text[start:start + 80]!r}")
-    raw = text[start:end]
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        try:
-            value = ast.literal_eval(raw)
-        except (ValueError, SyntaxError) as e:
-            raise SchemaError(f"{where}: cannot read parameter dictionary {raw[:80]!r}: {e}") from None
-    if not isinstance(value, dict):
-        raise SchemaError(f"{where}: parameters must be a dictionary, got {type(value).__name__}")
-    return value
-
-
-def _apibank_param(name: str, spec: Any, where: str) -> Param:
-    if isinstance(spec, str):  # {"p": "str"} shorthand
-        spec = {"type": spec}
-    if not isinstance(spec, Mapping):
-        raise SchemaError(f"{where}: parameter spec must be a dictionary, got {spec!r}")
-    desc = spec.get("description", "") or ""
-    raw_type = spec.get("type", "any")
-    ptype, item = normalize_type(raw_type, where=where)
-    items = Param("", item) if item else None
-    extra = {k: v for k, v in spec.items() if k not in ("type", "description")}
-    return Param(name=name, type=ptype, description=desc, items=items, extra=extra)
-
-
-def tools_from_apibank_prompt(text: str) -> list[Tool]:
-    """Parse the prose tool list of an API-Bank (ToolSpec) system prompt.
-
-    Both layouts are read: ``N. Name: X / Description: ... / Parameters: {...}`` and
-    ``N. X: description / Parameters: {...}``. The parameter dictionary is a Python literal whose values
-    are ``{'type': 'str'|'int'|'float'|'bool'|'list'|'list(str)'|..., 'description': ...}``. A parameter is
-    required unless its description starts with ``[Optional]``. Returns [] when the text lists no tools."""
-    if not isinstance(text, str):
-        raise SchemaError(f"API-Bank prompt must be a string, got {type(text).__name__}")
-    tools: list[Tool] = []
-    named = list(_APIBANK_NAMED.finditer(text))
-    if named:
-        for m in named:
-            name, body = m.group("name").strip(), m.group("body")
-            where = f"tool {name!r}"
-            pm = re.search(r"Parameters:\s*", body)
-            if pm is None:
-                raise SchemaError(f"{where}: no 'Parameters:' line")
-            dm = re.search(r"Description:\s*(.*?)\s*(?=Parameters:)", body, re.S)
-            desc = dm.group(1).strip() if dm else ""
-            tools.append(_apibank_tool(name, desc, _literal_dict(body[pm.end():], where), where))
-    else:
-        for m in _APIBANK_INLINE.finditer(text):
-            name = m.group("name")
-            where = f"tool {name!r}"
-            tools.append(_apibank_tool(name, m.group("desc").strip(), _literal_dict(text[m.end():], where), where))
-    _check_unique([t.name for t in tools])
-    return tools
-
-
-def _apibank_tool(name: str, desc: str, params: dict, where: str) -> Tool:
-    ps = tuple(_apibank_param(k, v, f"{where} parameter {k!r}") for k, v in params.items())
-    required = tuple(p.name for p in ps if not _OPTIONAL_RE.match(p.description))
-    return Tool(name=name, description=desc, parameters=ps, required=required)
-
-
-# --------------------------------------------------------------------------------------------------
-# ToolAlpaca
-# --------------------------------------------------------------------------------------------------
-
-
-def tools_from_toolalpaca(api: Mapping[str, Any] | str) -> list[Tool]:
-    """Tools of one ToolAlpaca API entry (an element of ``eval_simulated.json`` / ``train_data.json``).
-
-    The OpenAPI ``Documentation`` is the source (path, query and header parameters first, then the
-    JSON request-body properties, ``$ref``s resolved); when an entry has no usable OpenAPI document the
-    ``Functions`` prose (``Input: {"p": "Required. String. ..."}``) is parsed instead. ``Required.``
-    markers in that prose also mark body properties that the OpenAPI schema leaves unmarked. Functions
-    are ordered as in ``Function_Projection`` when present. Also accepts an OpenAPI document (dict or
-    JSON string) directly."""
-    if isinstance(api, str):
-        try:
-            api = json.loads(api)
-        except ValueError as e:
-            raise SchemaError(f"ToolAlpaca API is not valid JSON: {e}") from None
-    if not isinstance(api, Mapping):
-        raise SchemaError(f"ToolAlpaca API must be an object, got {type(api).__name__}")
-    if "paths" in api:  # a bare OpenAPI document
-        return _tools_from_openapi(api, where=str(api.get("info", {}).get("title", "OpenAPI")))
-    api_name = api.get("Name", "?")
-    prose: dict[str, Tool] = {}
-    prose_error: SchemaError | None = None
-    if isinstance(api.get("Functions"), str):
-        try:
-            prose = _toolalpaca_prose(api["Functions"], api_name)
-        except SchemaError as e:  # only fatal when there is no OpenAPI document to fall back on
-            prose_error = e
-    doc = api.get("Documentation")
-    tools: list[Tool] | None = None
-    if doc:
-        if isinstance(doc, str):
-            try:
-                doc = json.loads(doc)
-            except ValueError as e:
-                if not prose:
-                    raise SchemaError(f"ToolAlpaca API {api_name!r}: Documentation is not valid JSON: {e}") from None
-                doc = None
-        if isinstance(doc, Mapping) and isinstance(doc.get("paths"), Mapping):
-            tools = _tools_from_openapi(doc, where=f"ToolAlpaca API {api_name!r}")
-            if prose:
-                tools = [_merge_required(t, prose.get(t.name)) for t in tools]
-    if tools is None:
-        if prose_error is not None:
-            raise prose_error
-        if not prose:
-            raise SchemaError(f"ToolAlpaca API {api_name!r}: neither an OpenAPI Documentation nor a Functions list")
-        tools = list(prose.values())
-    order = api.get("Function_Projection")
-    if isinstance(order, Mapping):
-        rank = {n: i for i, n in enumerate(order)}
-        tools.sort(key=lambda t: rank.get(t.name, len(rank)))
-    return tools
-
-
-def _merge_required(tool: Tool, prose_tool: Tool | None) -> Tool:
-    if prose_tool is None:
-        return tool
-    extra = [r for r in prose_tool.required if r in tool.param_names and r not in tool.required]
-    if not extra:
-        return tool
-    required = tuple(n for n in tool.param_names if n in tool.required or n in extra)
-    return Tool(tool.name, tool.description, tool.parameters, required)
-
-
-def _resolve_refs(node: Any, doc: Mapping, where: str, seen: tuple[str, ...] = ()) -> Any:
-    if isinstance(node, Mapping):
-        ref = node.get("$ref")
-        if isinstance(ref, str):
-            if ref in seen:
-                return {"type": "object", "description": f"(recursive {ref})"}
-            if not ref.startswith("#/"):
-                raise SchemaError(f"{where}: only local $refs are supported, got {ref!r}")
-            target: Any = doc
-            for part in ref[2:].split("/"):
-                if not isinstance(target, Mapping) or part not in target:
-                    raise SchemaError(f"{where}: unresolvable $ref {ref!r}")
-                target = target[part]
-            merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
-            return _resolve_refs(merged, doc, where, seen + (ref,))
-        return {k: _resolve_refs(v, doc, where, seen) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_resolve_refs(v, doc, where, seen) for v in node]
-    return node
-
-
-def _tools_from_openapi(doc: Mapping, where: str) -> list[Tool]:
-    doc = _resolve_refs(doc, doc, where)
-    tools = []
-    for path, methods in doc["paths"].items():
-        if not isinstance(methods, Mapping):
-            raise SchemaError(f"{where}: path {path!r} must map methods to operations")
-        shared = methods.get("parameters", [])
-        for method, op in methods.items():
-            if method.lower() not in ("get", "put", "post", "delete", "patch", "head", "options", "trace"):
-                continue
-            if not isinstance(op, Mapping):
-                raise SchemaError(f"{where}: {method.upper()} {path} must be an object")
-            name = op.get("operationId") or f"{method.lower()}_{re.sub(r'[^0-9A-Za-z]+', '_', path).strip('_')}"
-            tw = f"{where} tool {name!r}"
-            params: dict[str, Param] = {}
-            required: list[str] = []
-            for raw in list(shared) + list(op.get("parameters", [])):
-                if not isinstance(raw, Mapping) or not isinstance(raw.get("name"), str):
-                    raise SchemaError(f"{tw}: parameter without a name: {raw!r:.80}")
-                schema = dict(raw.get("schema") or {})
-                if raw.get("description") and not schema.get("description"):
-                    schema["description"] = raw["description"]
-                for k in ("enum", "items", "default"):
-                    if k in raw and k not in schema:
-                        schema[k] = raw[k]
-                if "type" not in schema and "type" in raw:
-                    schema["type"] = raw["type"]
-                pname = raw["name"]
-                if pname in params:
-                    continue
-                params[pname] = _param_from_json_schema(pname, schema, f"{tw} parameter {pname!r}")
-                if raw.get("required") or raw.get("in") == "path":
-                    required.append(pname)
-            body = op.get("requestBody")
-            if isinstance(body, Mapping):
-                content = body.get("content") or {}
-                schema = None
-                for ctype in ("application/json", *content):
-                    if isinstance(content.get(ctype), Mapping) and "schema" in content[ctype]:
-                        schema = content[ctype]["schema"]
-                        break
-                if isinstance(schema, Mapping):
-                    if "properties" in schema or schema.get("type") == "object":
-                        for pname, pschema in (schema.get("properties") or {}).items():
-                            if pname in params:
-                                continue
-                            params[pname] = _param_from_json_schema(pname, pschema, f"{tw} body {pname!r}")
-                        required += [r for r in _required_list(schema.get("required"), tw)
-                                     if r in params and r not in required]
-                    elif "body" not in params:
-                        params["body"] = _param_from_json_schema("body", schema, f"{tw} body")
-                        if body.get("required"):
-                            required.append("body")
-            desc = op.get("description") or op.get("summary") or ""
-            order = list(params)
-            tools.append(Tool(name=name, description=desc, parameters=tuple(params.values()),
-                              required=tuple(sorted(dict.fromkeys(required), key=order.index))))
-    _check_unique([t.name for t in tools])
-    return tools
-
-
-_PROSE_BLOCK = re.compile(r"^\s*\d+\.\s*Name:\s*(?P<name>\S+)\s*\n(?P<body>.*?)(?=^\s*\d+\.\s*Name:|\Z)", re.M | re.S)
-_PROSE_TYPE = re.compile(
-    r"^\s*(?:(?P<req>Required|Optional)\.\s*)?(?P<type>[A-Za-z][\w\[\] ]*?)\.\s*(?P<desc>.*)$", re.S)
-
-
-def _toolalpaca_prose(text: str, api_name: str) -> dict[str, Tool]:
-    """``1. Name: f\\n Description: ...\\n Input: {"p": "Required. String. text"}`` blocks."""
-    tools: dict[str, Tool] = {}
-    for m in _PROSE_BLOCK.finditer(text):
-        name, body = m.group("name"), m.group("body")
-        where = f"ToolAlpaca API {api_name!r} tool {name!r}"
-        dm = re.search(r"Description:\s*(.*?)\s*\n\s*(?:Input|Parameters):", body, re.S)
-        im = re.search(r"(?:Input|Parameters):[ \t]*", body)
-        if im is None:
-            continue
-        rest = body[im.end():]
-        if re.match(r"(?:None|N/A|-|\{\s*\})?\s*(?:\n|$)", rest, re.I):
-            raw = {}
-        else:
-            raw = _literal_dict(rest.split("\nOutput:")[0], where)
-        params, required = [], []
-        for pname, spec in raw.items():
-            desc, ptype, item = str(spec), "string", None
-            tm = _PROSE_TYPE.match(str(spec))
-            if tm:
-                try:
-                    ptype, item = normalize_type(tm.group("type"), where=where)
-                    desc = tm.group("desc").strip()
-                except SchemaError:
-                    pass  # a description that merely starts with a word: keep it whole, type string
-                if tm.group("req") == "Required":
-                    required.append(pname)
-            params.append(Param(pname, ptype, desc, items=Param("", item) if item else None))
-        tools[name] = Tool(name, dm.group(1).strip() if dm else "", tuple(params), tuple(required))
-    return tools
-
-
 __all__ = [
     "NO_DEFAULT",
     "PARAM_TYPES",
     "Param",
     "Tool",
+    "check_unique_names",
     "normalize_type",
+    "param_from_json_schema",
     "param_to_json_schema",
+    "required_names",
     "to_openai",
     "tool_from_openai",
-    "tools_from_apibank_prompt",
     "tools_from_openai",
-    "tools_from_toolalpaca",
 ]

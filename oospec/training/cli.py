@@ -9,7 +9,7 @@ from oospec.errors import OospecError
 
 
 def build_split(seed: int, heldout_fraction: float, bench_items: int, synthetic_per_tool: int):
-    from oospec.bench.datasets import load_dataset
+    from oospec.datasets import load_dataset
     from oospec.training.split import split_by_tool, synthetic_requests
 
     apibank = [s for lvl in ("1", "2", "3") for s in load_dataset("apibank", split=lvl)]

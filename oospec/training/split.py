@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oospec.bench.datasets import Sample
+from oospec.datasets import Sample
 from oospec.tools.dialects import ToolCall
 from oospec.tools.schema import Param, Tool
 

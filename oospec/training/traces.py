@@ -6,7 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from oospec.bench.datasets import Sample
+from oospec.datasets import Sample
 from oospec.tools.schema import to_openai
 
 
@@ -67,7 +67,7 @@ def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method
 def traces_from_bench(samples_jsonl: str | Path, dataset: str, split: str | None = None,
                       method: str = "ar") -> list[dict]:
     """Teacher traces from a `bench run`: its `ar` outputs are the target's greedy calls on those items."""
-    from oospec.bench.datasets import load_dataset
+    from oospec.datasets import load_dataset
 
     by_id = {s.id: s for s in load_dataset(dataset, split=split)}
     out = []
