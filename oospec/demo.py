@@ -9,34 +9,33 @@ from rich.console import Console
 from rich.table import Table
 
 from oospec.datasets import load_dataset
-from oospec.drafters import make_drafter
+from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
 from oospec.engine.engine import Engine
+from oospec.sidecar.process import SidecarSettings, make_sidecar
 
 
 def run_demo(model: str, method: str, sample_index: int, warmup_samples: int, max_new_tokens: int,
-             threads: int | None = None, sidecar_model: str = "qwen2.5-coder-0.5b", sidecar_threads: int = 1,
-             sidecar_device: str = "cpu", sidecar_adapter: str | None = "auto") -> bool:
+             threads: int | None = None, sidecar_settings: SidecarSettings = SidecarSettings(), *,
+             dtype: str = "auto", device: str = "cpu", optimize: bool = True) -> bool:
     import os
 
     import torch
 
     console = Console()
-    uses_sidecar = method in ("oospec", "sidecar")
-    if uses_sidecar and not threads and sidecar_device == "cpu":
-        threads = max(1, (os.cpu_count() or 2) - sidecar_threads)  # the sidecar has the other core(s)
+    settings, sidecar = sidecar_settings, None
+    uses_sidecar = method in SIDECAR_DRAFTERS
+    if uses_sidecar and not threads and settings.device == "cpu":
+        threads = max(1, (os.cpu_count() or 2) - (settings.threads or 1))  # the sidecar has the other core(s)
     if threads:
         torch.set_num_threads(threads)
     console.print(f"[bold]oospec demo[/]: target [cyan]{model}[/] (first run downloads and converts it once)")
-    sidecar = None
     if uses_sidecar:
-        from oospec.sidecar import SidecarClient
-
-        console.print(f"starting the sidecar [cyan]{sidecar_model}[/] in its own process "
-                      f"({sidecar_threads} thread(s) on {sidecar_device}); target threads: {torch.get_num_threads()}")
-        sidecar = SidecarClient(sidecar_model, threads=sidecar_threads, device=sidecar_device, adapter=sidecar_adapter)
+        console.print(f"starting the sidecar [cyan]{settings.model}[/] in its own process "
+                      f"({settings.threads} thread(s) on {settings.device}); target threads: {torch.get_num_threads()}")
+        sidecar = make_sidecar(settings)
     try:
-        return _demo(console, Engine.from_pretrained(model), model, method, sidecar, sample_index, warmup_samples,
-                     max_new_tokens)
+        engine = Engine.from_pretrained(model, dtype=dtype, device=device, optimize=optimize)
+        return _demo(console, engine, model, method, sidecar, sample_index, warmup_samples, max_new_tokens)
     finally:
         if sidecar is not None:
             sidecar.close()

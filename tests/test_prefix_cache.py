@@ -168,7 +168,7 @@ def test_sampling_is_seeded_and_tends_to_greedy_at_low_temperature(tiny):
 def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar():
     """A real multi-turn API-Bank dialogue, turn by turn, with toolspec and prefix reuse: token-identical to
     cold plain greedy (`ar`, no cache) on SmolLM2-135M."""
-    from oospec.bench.serve import pick_dialogue
+    from oospec.server.replay import pick_dialogue
     from oospec.engine.engine import Engine
 
     engine = Engine.from_pretrained("smollm2-135m")

@@ -21,6 +21,7 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "sidecar": SidecarDrafter,  # sidecar=SidecarClient(...): hints only
     "oospec": OoOSpecDrafter,  # sidecar=SidecarClient(...): toolspec plus hints (toolspec alone without one)
 }
+SIDECAR_DRAFTERS = frozenset({"sidecar", "oospec"})  # the methods whose drafter takes sidecar=
 
 
 def make_drafter(method: str, **options) -> Drafter:
@@ -31,4 +32,4 @@ def make_drafter(method: str, **options) -> Drafter:
     return factory(**options)
 
 
-__all__ = ["DRAFTERS", "Drafter", "Request", "make_drafter"]
+__all__ = ["DRAFTERS", "SIDECAR_DRAFTERS", "Drafter", "Request", "make_drafter"]

@@ -96,6 +96,12 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 }
 
 
+# The models the commands use unless told otherwise: written here once.
+DEFAULT_TARGET = "qwen2.5-coder-1.5b"
+DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"  # also the draft assistant of hf-assisted and the sidecar's training base
+TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs (`oospec bench serve`)
+
+
 def get_spec(name: str) -> ModelSpec | None:
     """The spec for a known model name (case-insensitive), or None."""
     return KNOWN_MODELS.get(name) or KNOWN_MODELS.get(name.strip().lower())

@@ -27,13 +27,12 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from oospec.models.registry import DEFAULT_SIDECAR
 from oospec.sidecar.predictor import Job
 from oospec.sidecar.protocol import Payload, PayloadError, parse_payload
 from oospec.tools.schema import Tool
 
 log = logging.getLogger("oospec.sidecar")
-
-DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"
 
 
 # The LoRA adapter trained by `oospec sidecar train` and shipped with the package, per base model.
@@ -83,7 +82,7 @@ class SidecarStats:
 class SidecarClient:
     """Runs a sidecar predictor in a child process; `submit` and `poll` never wait for it.
 
-    model: a model name or folder (default qwen2.5-coder-0.5b). threads: torch threads of the child.
+    model: a model name or folder (default: the registry's DEFAULT_SIDECAR). threads: torch threads of the child.
     device: its device ("cpu", "cuda:1", ...). factory: 'module:callable' building the predictor in the
     child (default: SidecarPredictor.from_pretrained), for custom or test predictors.
     """
@@ -279,3 +278,22 @@ class SidecarClient:
             self._logged.add(kind)
             log.warning("%s (decoding continues without sidecar hints; logged once)", message)
 
+
+
+
+@dataclass(frozen=True)
+class SidecarSettings:
+    """How a command starts its sidecar: the meaning of every command's sidecar options, with their defaults."""
+
+    model: str = DEFAULT_SIDECAR  # a known model name or a local Hugging Face folder
+    adapter: str | None = "auto"  # 'auto': the adapter shipped for `model`; 'none'/None: the base model; or a folder
+    threads: int | None = 1  # torch threads of the sidecar's own process
+    device: str = "cpu"
+    dtype: str = "auto"
+
+
+def make_sidecar(settings: SidecarSettings = SidecarSettings()) -> SidecarClient:
+    """The sidecar process of every command (generate, demo, serve, bench); the adapter is resolved here, so
+    'auto' means the shipped adapter everywhere."""
+    return SidecarClient(settings.model, threads=settings.threads, device=settings.device, dtype=settings.dtype,
+                         adapter=resolve_adapter(settings.model, settings.adapter))

@@ -21,6 +21,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from oospec.models.registry import DEFAULT_SIDECAR
 from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat, common_prefix_len
 from oospec.training.rows import RequestRows, rows_for
 
@@ -31,7 +32,7 @@ LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj"
 class TrainConfig:
     """Defaults sized for a 2-core CPU and a few hundred requests: see docs in the README's training section."""
 
-    base: str = "qwen2.5-coder-0.5b"
+    base: str = DEFAULT_SIDECAR
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0

@@ -129,3 +129,24 @@ def synthetic_requests(tools: Sequence[Tool], per_tool: int = 4, seed: int = 0, 
 def write_manifest(split: Split, path: str | Path, seed: int, sources: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(split.manifest(seed, sources), indent=1) + "\n")
+
+
+def build_split(seed: int, heldout_fraction: float, bench_items: int, synthetic_per_tool: int) -> Split:
+    """The sidecar's training split: API-Bank (levels 1-3) and ToolAlpaca split by tool, the tools of the first
+    `bench_items` API-Bank level-1 benchmark items always held out, plus synthetic requests for the training
+    tools."""
+    from oospec.datasets import load_dataset
+
+    apibank = [s for lvl in ("1", "2", "3") for s in load_dataset("apibank", split=lvl)]
+    toolalpaca = load_dataset("toolalpaca")
+    bench_tools = {c.name for s in load_dataset("apibank", split="1", limit=bench_items) for c in s.gold or []}
+    split = split_by_tool(apibank + toolalpaca, heldout_fraction, seed, always_heldout=sorted(bench_tools))
+    train_tools = {n for n in split.train_tools}
+    seen, pool = set(), []
+    for s in split.train:
+        for t in s.tools:
+            if t.name in train_tools and t.name not in seen:
+                seen.add(t.name)
+                pool.append(t)
+    split.synthetic = synthetic_requests(pool, per_tool=synthetic_per_tool, seed=seed)
+    return split

@@ -1,4 +1,4 @@
-"""`oospec bench serve`: one multi-turn API-Bank dialogue replayed turn by turn against the server.
+"""One multi-turn API-Bank dialogue replayed turn by turn against the server (`oospec bench serve`).
 
 API-Bank's level-1 items that come from the same dialogue file are the successive turns of one agent
 session: each prompt is the same system prompt (the tools) and the dialogue so far, ending with the request
@@ -10,36 +10,19 @@ Greedy outputs must be identical across configurations; the report says whether 
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
-import json
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from oospec.errors import OospecError
 
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", default="smollm2-135m", help="known model name or local Hugging Face folder")
-    p.add_argument("--methods", default="ar,toolspec,oospec",
-                   help="comma list of drafters; each runs with prefix reuse off and on")
-    p.add_argument("--sidecar", "--sidecar-model", dest="sidecar", default="qwen2.5-coder-0.5b", metavar="MODEL",
-                   help="the sidecar of method oospec (default: qwen2.5-coder-0.5b)")
-    p.add_argument("--sidecar-threads", type=int, default=1, help="CPU threads of the sidecar's own process")
-    p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
-    p.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--prefix-cache-mb", type=float, default=512.0)
-    p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the target (default: all cores)")
-    p.add_argument("--no-optimize", action="store_true", help="keep the stock transformers kernels")
+if TYPE_CHECKING:  # the sidecar (and torch) load only when a method needs it
+    from oospec.sidecar.process import SidecarSettings
 
 
 # --------------------------------------------------------------------------------------------------
@@ -103,7 +86,7 @@ def serving(service, host: str = "127.0.0.1", port: int | None = None):
 
     port = port or free_port()
     server = uvicorn.Server(uvicorn.Config(create_app(service), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="oospec-bench-server", daemon=True)
+    thread = threading.Thread(target=server.run, name="oospec-replay-server", daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
     while not server.started:
@@ -168,54 +151,56 @@ def replay(base_url: str, turns: list, max_tokens: int) -> list[TurnResult]:
     return results
 
 
-def run(args) -> dict:
-    from oospec.drafters import make_drafter
+def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: str | None = None,
+        turns: int | None = None, max_tokens: int = 128, prefix_cache_mb: float = 512.0, threads: int | None = None,
+        dtype: str = "auto", device: str = "cpu", optimize: bool = True) -> dict:
+    """Replay the dialogue (the longest level-1 one unless named; its first `turns` turns) for every method with
+    prefix reuse off and on; `sidecar` is started once if a method needs one. Returns the report."""
+    from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
     from oospec.engine.engine import Engine
     from oospec.server.service import ModelService, ServerConfig
 
-    if args.threads:
+    if threads:
         import torch
 
-        torch.set_num_threads(args.threads)
-    name, turns = pick_dialogue(args.dialogue)
-    turns = turns[: args.turns] if args.turns else turns
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+        torch.set_num_threads(threads)
+    name, samples = pick_dialogue(dialogue)
+    samples = samples[:turns] if turns else samples
     configs = [Config(m, reuse) for m in methods for reuse in (False, True)]
-    engine = Engine.from_pretrained(args.target, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
+    engine = Engine.from_pretrained(target, dtype=dtype, device=device, optimize=optimize)
     engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
-    print(f"dialogue {name}: {len(turns)} turns; target {args.target}; configs: "
+    print(f"dialogue {name}: {len(samples)} turns; target {target}; configs: "
           f"{', '.join(c.label for c in configs)}", file=sys.stderr)
-    sidecar = None
-    if any(c.method in ("oospec", "sidecar") for c in configs):
-        from oospec.sidecar import SidecarClient
+    client = None
+    if any(c.method in SIDECAR_DRAFTERS for c in configs):
+        from oospec.sidecar.process import make_sidecar
 
-        sidecar = SidecarClient(args.sidecar, threads=args.sidecar_threads, device=args.device)
+        client = make_sidecar(sidecar)
     results: dict[str, list[TurnResult]] = {}
     try:
         for config in configs:
             # A fresh drafter per configuration (drafters learn across turns); one sidecar process for all.
-            options = {"sidecar": sidecar} if config.method in ("oospec", "sidecar") else {}
+            options = {"sidecar": client} if config.method in SIDECAR_DRAFTERS else {}
             service = ModelService(engine, ServerConfig(
-                model_name=args.target, method=config.method,
-                prefix_cache_mb=args.prefix_cache_mb if config.reuse else 0,
+                model_name=target, method=config.method, prefix_cache_mb=prefix_cache_mb if config.reuse else 0,
             ), make_drafter(config.method, **options))
             with serving(service) as url:
-                results[config.label] = replay(url, turns, args.max_tokens)
+                results[config.label] = replay(url, samples, max_tokens)
             service.close()
             total = sum(r.latency_s for r in results[config.label])
             print(f"  {config.label:24} total {total:7.2f} s", file=sys.stderr)
     finally:
-        if sidecar is not None:
-            sidecar.close()
+        if client is not None:
+            client.close()
     reference = results[configs[0].label]
     identical = {label: all(a.token_ids == b.token_ids for a, b in zip(rs, reference)) for label, rs in results.items()}
     return {
         "dialogue": name,
-        "target": args.target,
-        "threads": args.threads,
-        "sidecar": args.sidecar if sidecar is not None else None,
-        "sidecar_threads": args.sidecar_threads if sidecar is not None else None,
-        "max_tokens": args.max_tokens,
+        "target": target,
+        "threads": threads,
+        "sidecar": sidecar.model if client is not None else None,
+        "sidecar_threads": sidecar.threads if client is not None else None,
+        "max_tokens": max_tokens,
         "configs": [c.label for c in configs],
         "identical_to_first": identical,
         "turns": {label: [vars(r) for r in rs] for label, rs in results.items()},
@@ -255,14 +240,3 @@ def markdown(report: dict) -> str:
         lines.append(f"| {lb} | {totals[lb]:.2f} | {totals[base] / totals[lb]:.2f}x | {prefill:.2f} | {decode:.2f} | "
                      f"{tau:.2f} | {hints} | {'yes' if report['identical_to_first'][lb] else 'NO'} |")
     return "\n".join(lines) + "\n"
-
-
-def cmd_bench_serve(args) -> None:
-    report = run(args)
-    out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
-    out.mkdir(parents=True, exist_ok=True)
-    table = markdown(report)
-    (out / "serve.json").write_text(json.dumps(report, indent=1))
-    (out / "serve.md").write_text(table)
-    print(table)
-    print(f"written to {out}/serve.md and serve.json", file=sys.stderr)

@@ -1,23 +1,15 @@
-"""`oospec serve` and `oospec bench serve`: parsers and commands, wired into oospec/cli.py."""
+"""`oospec serve`: the OpenAI-compatible server, one target model behind it."""
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
 
+from oospec.cli.options import add_runtime_options, add_sidecar_options, set_threads, sidecar_settings
 from oospec.errors import OospecError
 
 API_KEY_ENV = "OOSPEC_API_KEY"
-
-
-def add_runtime_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help="auto: float32 on CPU, bfloat16 on CUDA")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads for the target (default: all cores)")
-    p.add_argument("--no-optimize", action="store_true", help="keep the stock transformers kernels")
 
 
 def add_serve_parser(sub) -> None:
@@ -25,14 +17,7 @@ def add_serve_parser(sub) -> None:
                        description="Serve one target model behind POST /v1/chat/completions, GET /v1/models and "
                                    "GET /health. Greedy requests are decoded speculatively (token-identical to "
                                    "plain greedy); temperature > 0 is ordinary sampling.")
-    p.add_argument("--target", "--model", dest="target", default="qwen2.5-coder-1.5b",
-                   help="known model name or local Hugging Face folder")
     p.add_argument("--method", default="toolspec", help="drafter for greedy requests: ar, pld, toolspec, oospec, ...")
-    p.add_argument("--sidecar", "--sidecar-model", dest="sidecar", metavar="MODEL",
-                   help="run the out-of-order sidecar with this model and give it to the drafter (method oospec)")
-    p.add_argument("--sidecar-adapter", help="a LoRA adapter folder for the sidecar model")
-    p.add_argument("--sidecar-threads", type=int, default=1, help="CPU threads of the sidecar's own process")
-    p.add_argument("--sidecar-device", default="cpu", help="the sidecar's device: cpu, cuda:1, ...")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health "
@@ -50,39 +35,30 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation before serving")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_runtime_options(p)
+    # No sidecar unless --sidecar names its model: then it runs for the drafter (method oospec).
+    add_sidecar_options(p, model_default=None)
     p.set_defaults(func=cmd_serve)
 
 
-def add_bench_serve_parser(bench_sub) -> None:
-    from oospec.bench.serve import add_arguments, cmd_bench_serve
-
-    p = bench_sub.add_parser("serve", help="replay a multi-turn API-Bank dialogue against the server: per-turn "
-                                           "latency with and without prefix reuse, ar vs a fast method")
-    add_arguments(p)
-    p.set_defaults(func=cmd_bench_serve)
-
-
-def make_server_drafter(method: str, sidecar_model: str | None, threads: int = 1, device: str = "cpu",
-                        adapter: str | None = None):
+def make_server_drafter(args):
     """The server's one drafter (it learns across requests), and the sidecar client it uses, if any."""
     from oospec.drafters import make_drafter
 
     sidecar = None
     options = {}
-    if sidecar_model:
+    if args.sidecar_model:
         try:
-            from oospec.sidecar import SidecarClient
+            from oospec.sidecar.process import make_sidecar
         except ImportError as exc:
             raise OospecError(f"--sidecar needs the oospec.sidecar package, which cannot be imported here ({exc})") \
                 from None
-        sidecar = SidecarClient(model=sidecar_model, threads=threads, device=device, adapter=adapter)
-        options["sidecar"] = sidecar
+        sidecar = options["sidecar"] = make_sidecar(sidecar_settings(args))
     try:
-        drafter = make_drafter(method, **options)
+        drafter = make_drafter(args.method, **options)
     except (ValueError, TypeError) as exc:
         if sidecar is not None:
             sidecar.close()
-        raise OospecError(f"cannot make drafter {method!r}: {exc}") from None
+        raise OospecError(f"cannot make drafter {args.method!r}: {exc}") from None
     return drafter, sidecar
 
 
@@ -90,17 +66,13 @@ def build_service(args):
     from oospec.engine.engine import Engine
     from oospec.server.service import ModelService, ServerConfig
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    engine = Engine.from_pretrained(args.target, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
+    set_threads(args.threads)
+    engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
     if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
         engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
-    drafter, sidecar = make_server_drafter(args.method, args.sidecar, args.sidecar_threads, args.sidecar_device,
-                                           args.sidecar_adapter)
+    drafter, sidecar = make_server_drafter(args)
     config = ServerConfig(
-        model_name=args.served_model_name or args.target,
+        model_name=args.served_model_name or args.model,
         method=args.method,
         max_queue=args.max_queue,
         request_timeout_s=args.request_timeout,
@@ -133,4 +105,3 @@ def cmd_serve(args) -> None:
         GracefulServer(config, service).run()
     finally:
         service.close()  # already done by the app's shutdown unless uvicorn failed to start
-

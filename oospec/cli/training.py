@@ -1,43 +1,23 @@
-"""`oospec sidecar traces | train | eval`: the sidecar's training pipeline."""
+"""`oospec sidecar traces | train | eval`: the sidecar's training pipeline (oospec/training)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from oospec.cli.options import add_threads_option, set_threads
 from oospec.errors import OospecError
-
-
-def build_split(seed: int, heldout_fraction: float, bench_items: int, synthetic_per_tool: int):
-    from oospec.datasets import load_dataset
-    from oospec.training.split import split_by_tool, synthetic_requests
-
-    apibank = [s for lvl in ("1", "2", "3") for s in load_dataset("apibank", split=lvl)]
-    toolalpaca = load_dataset("toolalpaca")
-    bench_tools = {c.name for s in load_dataset("apibank", split="1", limit=bench_items) for c in s.gold or []}
-    split = split_by_tool(apibank + toolalpaca, heldout_fraction, seed, always_heldout=sorted(bench_tools))
-    train_tools = {n for n in split.train_tools}
-    seen, pool = set(), []
-    for s in split.train:
-        for t in s.tools:
-            if t.name in train_tools and t.name not in seen:
-                seen.add(t.name)
-                pool.append(t)
-    split.synthetic = synthetic_requests(pool, per_tool=synthetic_per_tool, seed=seed)
-    return split
+from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 
 
 def cmd_traces(args) -> None:
     import random
 
     from oospec.engine.engine import Engine
-    from oospec.training.split import write_manifest
+    from oospec.training.split import build_split, write_manifest
     from oospec.training.traces import record_traces
 
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     out = Path(args.out)
     split = build_split(args.seed, args.heldout_fraction, args.bench_items, args.synthetic_per_tool)
     rng = random.Random(args.seed)
@@ -74,14 +54,11 @@ def cmd_train(args) -> None:
 
 
 def cmd_eval(args) -> None:
-    import torch
-
     from oospec.sidecar.predictor import SidecarPredictor
     from oospec.training.evaluate import agreement, format_table
     from oospec.training.traces import read_traces
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     if args.from_bench:
         from oospec.training.traces import traces_from_bench
 
@@ -112,7 +89,7 @@ def add_sidecar_parser(sub) -> None:
     sc = sub.add_parser("sidecar", help="train and evaluate the sidecar").add_subparsers(dest="sidecar_cmd", required=True)
     p = sc.add_parser("traces", help="split by tool, then record the teacher's calls (resumable)")
     p.add_argument("--out", default="runs/sidecar-data")
-    p.add_argument("--teacher", default="qwen2.5-coder-1.5b")
+    p.add_argument("--teacher", default=DEFAULT_TARGET)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--heldout-fraction", type=float, default=0.3)
     p.add_argument("--bench-items", type=int, default=8, help="API-Bank level-1 benchmark items whose tools are held out")
@@ -121,12 +98,12 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--synthetic-items", type=int, default=120)
     p.add_argument("--heldout-items", type=int, default=30)
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_option(p)
     p.set_defaults(func=cmd_traces)
     p = sc.add_parser("train", help="LoRA on the sidecar's task rows")
     p.add_argument("--traces", default="runs/sidecar-data/train_traces.jsonl")
     p.add_argument("--out", default="runs/sidecar-adapter")
-    p.add_argument("--base", default="qwen2.5-coder-0.5b")
+    p.add_argument("--base", default=DEFAULT_SIDECAR)
     p.add_argument("--r", type=int, default=8)
     p.add_argument("--alpha", type=int, default=16)
     p.add_argument("--lr", type=float, default=3e-4)
@@ -137,24 +114,21 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--rank-weight", type=float, default=1.0,
                    help="weight of the function-ranking loss (teacher's tool above the other offered tools)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_option(p)
     p.set_defaults(func=cmd_train)
     p = sc.add_parser("eval", help="agreement with the teacher on held-out tools, base vs trained")
     p.add_argument("--traces", default="runs/sidecar-data/heldout_traces.jsonl")
-    p.add_argument("--base", default="qwen2.5-coder-0.5b")
+    p.add_argument("--base", default=DEFAULT_SIDECAR)
     p.add_argument("--adapter", default=None)
     p.add_argument("--from-bench", default=None, metavar="SAMPLES_JSONL",
                    help="held-out traces from a `bench run`: its ar outputs are the teacher's calls")
     p.add_argument("--from-bench-dataset", default="apibank:1", help="dataset[:split] of --from-bench")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--out", default=None, help="JSON results here (and a .md table beside it)")
-    p.add_argument("--threads", type=int, default=None)
+    add_threads_option(p)
     p.add_argument("--skip-base", action="store_true", help="evaluate the adapter only")
     p.add_argument("--rank-by", choices=("greedy", "total"), default=None,
                    help="how the adapter's function is chosen (default: its sidecar.json)")
     p.add_argument("--prior-weight", type=float, default=None,
                    help="weight of the names' prior taken out of their scores (default: the adapter's sidecar.json)")
     p.set_defaults(func=cmd_eval)
-
-
-__all__ = ["add_sidecar_parser"]

@@ -1,0 +1,115 @@
+"""`oospec bench cost-curve | run | serve`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from oospec.cli.options import add_runtime_options, add_sidecar_options, set_threads, sidecar_settings
+from oospec.models.registry import DEFAULT_SIDECAR, TINY_TARGET
+
+
+def cmd_bench_cost_curve(args) -> None:
+    import torch
+
+    from oospec.bench import cost_curve
+
+    set_threads(args.threads)
+    ks = tuple(int(k) for k in args.ks.split(","))
+    if args.random_init:
+        dtype = {"auto": torch.bfloat16 if args.device.startswith("cuda") else torch.float32,
+                 "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        model = cost_curve.random_model(args.random_init, dtype, args.device)
+        model.config._name_or_path = f"random:{args.random_init}"
+    else:
+        from oospec.models.loading import load_model
+
+        model, _ = load_model(args.model, dtype=args.dtype, device=args.device)
+        model.config._name_or_path = args.model
+    if not args.no_optimize:
+        from oospec.engine.cpu_kernels import optimize_for_cpu
+
+        optimize_for_cpu(model)
+    result = cost_curve.measure(model, prompt_len=args.prompt_len, ks=ks, repeats=args.repeats)
+    result["optimized"] = not args.no_optimize
+    print(cost_curve.format_table(result))
+    if args.out:
+        cost_curve.write(result, args.out)
+        print(f"written to {args.out}")
+
+
+def cmd_bench_run(args) -> None:
+    from oospec.bench.run import BenchConfig, invoked_command, run_benchmark
+
+    run_benchmark(BenchConfig(
+        datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
+        methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
+        max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
+        assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
+        warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
+        sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
+        sidecar_adapter=args.sidecar_adapter,
+    ))
+
+
+def cmd_bench_serve(args) -> None:
+    from oospec.server import replay
+
+    report = replay.run(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], sidecar_settings(args),
+                        dialogue=args.dialogue, turns=args.turns, max_tokens=args.max_tokens,
+                        prefix_cache_mb=args.prefix_cache_mb, threads=args.threads, dtype=args.dtype,
+                        device=args.device, optimize=not args.no_optimize)
+    out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
+    out.mkdir(parents=True, exist_ok=True)
+    table = replay.markdown(report)
+    (out / "serve.json").write_text(json.dumps(report, indent=1))
+    (out / "serve.md").write_text(table)
+    print(table)
+    print(f"written to {out}/serve.md and serve.json", file=sys.stderr)
+
+
+def add_bench_parser(sub) -> None:
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
+    p = bench.add_parser("cost-curve", help="time one target forward verifying k tokens on a cached prompt")
+    p.add_argument("--random-init", metavar="ARCH",
+                   help="random weights of a preset architecture (qwen2.5-7b, qwen2.5-1.5b, qwen2.5-0.5b) or a "
+                        "config folder, instead of --model")
+    p.add_argument("--prompt-len", type=int, default=580)
+    p.add_argument("--ks", default="1,2,4,8,16,32,64")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", help="write the curve as JSON here")
+    add_runtime_options(p)
+    p.set_defaults(func=cmd_bench_cost_curve)
+
+    p = bench.add_parser("run", help="speed, identical-output rate and accuracy of decoding methods on benchmarks")
+    p.add_argument("--dataset", help="apibank, bfcl, toolalpaca, name:split or a file; comma list for several")
+    p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
+    p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
+    p.add_argument("--methods", default="ar,pld,toolspec,hf-pld,oracle",
+                   help="comma list: ar, pld, toolspec, oospec, ... (any drafter), oracle, ar-all-cores, hf-pld, "
+                        "hf-assisted; ar always runs")
+    p.add_argument("--assistant", default=DEFAULT_SIDECAR, help="assistant model for hf-assisted")
+    p.add_argument("--limit", type=int, default=None, help="first N samples of each dataset")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--budget", type=int, default=16, help="most draft tokens verified per forward")
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_runtime_options(p)
+    add_sidecar_options(p)
+    p.set_defaults(func=cmd_bench_run)
+
+    p = bench.add_parser("serve", help="replay a multi-turn API-Bank dialogue against the server: per-turn "
+                                       "latency with and without prefix reuse, ar vs a fast method")
+    p.add_argument("--methods", default="ar,toolspec,oospec",
+                   help="comma list of drafters; each runs with prefix reuse off and on")
+    p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
+    p.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--prefix-cache-mb", type=float, default=512.0)
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
+    add_runtime_options(p, model_default=TINY_TARGET)
+    add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told
+    p.set_defaults(func=cmd_bench_serve)
