@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oospec.errors import SchemaError
+from oospec.tools.jsonscan import bracket_end
 
 PARAM_TYPES = ("string", "integer", "number", "boolean", "array", "object", "null", "any")
 
@@ -374,42 +375,11 @@ _APIBANK_INLINE = re.compile(r"^\d+\.\s*(?P<name>[A-Za-z_][\w.\-]*):\s*(?P<desc>
 _OPTIONAL_RE = re.compile(r"^\s*\[?\s*optional\b", re.I)
 
 
-def balanced_end(text: str, start: int) -> int | None:
-    """Exclusive end of the bracket group opening at ``text[start]``; string literals are skipped."""
-    closers = {"{": "}", "[": "]", "(": ")"}
-    stack: list[str] = []
-    quote = None
-    i, n = start, len(text)
-    while i < n:
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 2
-                continue
-            if text.startswith(quote, i):
-                i += len(quote)
-                quote = None
-                continue
-        elif c in "\"'":
-            quote = c * 3 if text.startswith(c * 3, i) else c
-            i += len(quote)
-            continue
-        elif c in closers:
-            stack.append(closers[c])
-        elif c in ")]}":
-            if not stack or stack.pop() != c:
-                return None
-            if not stack:
-                return i + 1
-        i += 1
-    return None
-
-
 def _literal_dict(text: str, where: str) -> dict:
     start = text.find("{")
     if start < 0:
         raise SchemaError(f"{where}: no parameter dictionary found")
-    end = balanced_end(text, start)
+    end = bracket_end(text, start)
     if end is None:
         raise SchemaError(f"{where}: unbalanced parameter dictionary {text[start:start + 80]!r}")
     raw = text[start:end]
