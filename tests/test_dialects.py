@@ -62,3 +62,13 @@ def test_renderer_writes_a_call_in_the_style_the_scanner_learned():
     style = Style()
     CallScanner(style).feed(compact)
     assert CallRenderer(style).call("f", {"a": 1, "b": "x"}) == compact
+
+
+def test_sidecar_job_for_a_request_without_a_call_takes_its_dialects_opener_and_key():
+    from oospec.training.rows import job_for
+
+    trace = {"id": "t", "messages": [], "tools": [], "dialect": "apibank", "text": "I cannot help.", "call": None}
+    job = job_for(trace)  # as the sidecar drafter asks before the target has shown its own opener
+    assert (job.opener, job.args_key) == (DIALECTS["apibank"].opener, "parameters") == ("<tool_call>\n", "parameters")
+    called = {**trace, "text": '```json\n{"name": "f", "parameters": {}}\n```', "call": {"name": "f", "arguments": {}}}
+    assert (job_for(called).opener, job_for(called).args_key) == ("```json\n", "parameters")  # the teacher's own

@@ -1,11 +1,9 @@
 """How a target model writes tool calls (so a drafter can propose the exact text) and how to read them back.
 
-Dialects:
-
 The table (`DIALECTS`) owns, per dialect, every fact about its calls' text: the openers a target writes before a
 call object, the closer each opener asks for (`CLOSERS`), the arguments key, what a reply that must call starts
 with, how calls are rendered (`render`, through the one call renderer, `tools/render.py`) and how they are read
-back (`parse`).
+back (`parse`, through the one extractor below). Dialects:
 
 - ``hermes``: Qwen2.5 / Hermes ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, byte-for-byte
   what the Qwen2.5 chat template renders for an assistant message with ``tool_calls``; several calls are

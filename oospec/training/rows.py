@@ -35,14 +35,13 @@ def job_for(trace: dict) -> Job:
     """The predictor's job for a traced request, with the opener and arguments key the teacher used (for a
     request the teacher answered without a call, those its dialect expects, as the sidecar drafter sends)."""
     text, call = trace.get("text") or "", trace.get("call")
-    brace = text.find("{")
     dialect = DIALECTS.get(trace.get("dialect"))
+    opener = dialect.opener if dialect else ""
+    args_key = dialect.args_key if dialect else "arguments"
     if call:
-        opener = text[:brace] if brace >= 0 else dialect.opener if dialect else ""
+        brace = text.find("{")
+        opener = text[:brace] if brace >= 0 else opener
         args_key = "parameters" if '"parameters"' in text else "arguments"
-    else:
-        opener = dialect.opener if dialect else ""
-        args_key = dialect.args_key if dialect else "arguments"
     return Job(trace["id"], trace["messages"], trace["tools"], trace.get("chat_tools"), opener, args_key)
 
 
