@@ -18,12 +18,11 @@ import torch
 
 from oospec.drafters import make_drafter
 from oospec.drafters.schema import SchemaDrafter
-from oospec.drafters.sidecar import HintRenderer, SidecarDrafter
+from oospec.drafters.sidecar import SidecarDrafter
 from oospec.sidecar import SidecarClient
-from oospec.sidecar.predictor import (Job, RowRunner, SidecarPredictor, common_prefix_len, json_value_end,
-                                      parse_value)
+from oospec.sidecar.predictor import Job, RowRunner, SidecarPredictor, common_prefix_len, parse_value
 from oospec.sidecar.protocol import Guess, Payload, PayloadError, encode_payload, parse_payload
-from oospec.tools.callscan import Style
+from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import to_openai, tools_from_openai
 
 WEATHER = [{"type": "function", "function": {
@@ -39,15 +38,6 @@ TOOLS = tools_from_openai(WEATHER)
 
 
 # -- the payload -------------------------------------------------------------------------------------------
-def test_json_value_end():
-    assert json_value_end('"Paris", "x"') == 7
-    assert json_value_end('"a \\" b"}') == 8
-    assert json_value_end('"unfinished') is None
-    assert json_value_end(" 42}") == 3
-    assert json_value_end("42") is None  # a number is complete only once something follows it
-    assert json_value_end('[1, {"a": "]"}], ') == 15
-    assert json_value_end("true,") == 4
-    assert json_value_end("") is None
 
 
 def test_values_written_as_python_literals_are_read_as_json():
@@ -154,10 +144,12 @@ END = "\n</tool_call>\x00"
 
 
 def test_renderer_matches_the_call_text():
-    r = HintRenderer(Style(), "arguments", TOOLS[0])
-    assert r.call(GOOD) == '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}'
+    r = CallRenderer(Style(), "arguments")
+    assert r.call(GOOD.function, GOOD.arguments, TOOLS[0]) == (
+        '{"name": "get_weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}')
     # A required slot without a value ends the hint after its key: that value is the target's to write.
-    assert r.call(Guess("get_weather", {"city": "Paris"})) == '{"name": "get_weather", "arguments": {"city": "Paris", "days": '
+    assert r.call("get_weather", {"city": "Paris"}, TOOLS[0]) == (
+        '{"name": "get_weather", "arguments": {"city": "Paris", "days": ')
 
 
 @pytest.mark.parametrize("written, expected", [

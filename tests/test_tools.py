@@ -15,9 +15,9 @@ from oospec.tools.dialects import (
     ToolCall,
     extract_json_calls,
     get_dialect,
-    py_literal,
     validate,
 )
+from oospec.tools.pythonic import py_literal
 from oospec.tools.schema import (
     Param,
     Tool,

@@ -6,7 +6,7 @@ import ast
 import json
 
 from oospec.errors import SchemaError
-from oospec.tools.schema import balanced_end
+from oospec.tools.jsonscan import bracket_end
 
 
 def literal_dict(text: str, where: str) -> dict:
@@ -14,7 +14,7 @@ def literal_dict(text: str, where: str) -> dict:
     start = text.find("{")
     if start < 0:
         raise SchemaError(f"{where}: no parameter dictionary found")
-    end = balanced_end(text, start)
+    end = bracket_end(text, start)
     if end is None:
         raise SchemaError(f"{where}: unbalanced parameter dictionary {text[start:start + 80]!r}")
     raw = text[start:end]

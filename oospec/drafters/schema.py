@@ -13,15 +13,9 @@ import numpy as np
 
 from oospec.drafters.base import Candidate, Drafter, Request
 from oospec.tools.callscan import CallScanner, Continuation, Habits, ValueSource, structure_continuations
+from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes
-
-DIALECT_ARGS_KEY = {"hermes": "arguments", "apibank": "parameters", "llama3_json": "parameters"}
-DIALECT_OPENERS = {
-    "hermes": ("<tool_call>\n",),
-    "apibank": ("<tool_call>\n", "```json\n", ""),
-    "llama3_json": ("",),
-}
 
 
 def as_tools(tools) -> list[Tool]:
@@ -43,12 +37,11 @@ class SchemaDrafter(Drafter):
 
     def start(self, request: Request) -> None:
         self.tools = as_tools(request.tools)
-        dialect = request.dialect or "hermes"
-        self.default_args_key = DIALECT_ARGS_KEY.get(dialect, "arguments")
-        self.default_openers = DIALECT_OPENERS.get(dialect, ("",))
+        # Only dialects whose calls are JSON objects (they have openers) are followed; None: not a dialect.
+        self.dialect = DIALECTS.get(request.dialect or "hermes")
         self.eos_ids = request.eos_ids
         tok = request.tokenizer
-        self.active = bool(self.tools) and tok is not None and dialect in DIALECT_ARGS_KEY
+        self.active = bool(self.tools) and tok is not None and self.dialect is not None and bool(self.dialect.openers)
         if not self.active:
             return
         encoder = self._encoders.get(id(tok))
@@ -84,8 +77,8 @@ class SchemaDrafter(Drafter):
     def continuations(self) -> list[Continuation]:
         if not self.active:
             return []
-        return structure_continuations(self.scanner, self.tools, self.habits, self.default_args_key,
-                                       self.default_openers, self.values)
+        return structure_continuations(self.scanner, self.tools, self.habits, self.dialect.args_key,
+                                       self.dialect.openers, self.values)
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
         out = []

@@ -15,62 +15,23 @@ Alternative functions in the payload become extra branches of the same token tre
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
 from oospec.drafters.base import Candidate, Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
-from oospec.drafters.schema import DIALECT_ARGS_KEY, DIALECT_OPENERS, SchemaDrafter
+from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
 from oospec.sidecar.predictor import Job
 from oospec.sidecar.protocol import Guess, Payload
-from oospec.tools.callscan import CallScanner, Style
+from oospec.tools.callscan import CallScanner
+from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Tool, to_openai
-
-
-class HintRenderer:
-    """A guessed call as the target would write it, in its learned whitespace."""
-
-    def __init__(self, style: Style, args_key: str, tool: Tool):
-        self.style, self.args_key, self.tool = style, args_key, tool
-
-    def value(self, v: Any) -> str:
-        return json.dumps(v, ensure_ascii=False, separators=("," + self.style.ws(",", 3), ":" + self.style.ws(":", 3)))
-
-    def item(self, key: str, v: Any) -> str:
-        return f'"{key}":' + self.style.ws(":", 2) + self.value(v)
-
-    def close(self) -> str:
-        return self.style.close(2) + "}" + self.style.close(1) + "}"
-
-    def call(self, guess: Guess) -> str:
-        ws = self.style.ws
-        head = "{" + ws("{", 1) + '"name":' + ws(":", 1) + f'"{guess.function}",' + ws(",", 1)
-        head += f'"{self.args_key}":' + ws(":", 1) + "{"
-        return head + self.remaining(guess, set(), first_sep=ws("{", 2))
-
-    def remaining(self, guess: Guess, written: set[str], first_sep: str | None = None) -> str:
-        """The slots not yet written, in the hint's order, then the closing braces. A required slot the hint
-        has no value for ends the text after its key: the value is the target's to write."""
-        out = []
-        for p in self.tool.parameters:
-            if p.name in written:
-                continue
-            sep = first_sep if first_sep is not None and not out else "," + self.style.ws(",", 2)
-            if p.name in guess.arguments:
-                out.append(sep + self.item(p.name, guess.arguments[p.name]))
-            elif p.name in self.tool.required:
-                out.append(sep + f'"{p.name}":' + self.style.ws(":", 2))
-                return "".join(out)
-        # Slots the hint has but the schema lists in another order were rendered above in schema order.
-        return "".join(out) + self.close()
 
 
 class SidecarDrafter(Drafter):
@@ -106,23 +67,24 @@ class SidecarDrafter(Drafter):
         self.followup = None  # the ticket asking for the slots of the function the target chose instead
         self.guesses: list[Guess] = []
         self.report = {"submitted": False}
-        self.renderers: dict[str, HintRenderer] = {}
+        self.hinted: dict[str, Tool] = {}  # the guessed functions, each once
         self.tool_names = frozenset(t.name for t in self.schema.tools) if self.schema.active else frozenset()
         if self.sidecar is None or not self.schema.active:
             return
-        dialect = request.dialect or "hermes"
+        dialect = self.schema.dialect
         habits = self.schema.habits
         tools = self.schema.tools
-        self.args_key = habits.args_key or DIALECT_ARGS_KEY.get(dialect, "arguments")
-        opener = habits.openers[0] if habits.openers else DIALECT_OPENERS.get(dialect, ("",))[0]
+        # Hints are rendered in the target's learned whitespace (the style the schema drafter's scanner learns).
+        self.render = CallRenderer(habits.style, habits.args_key or dialect.args_key)
+        opener = habits.openers[0] if habits.openers else dialect.opener
         chat_tools = request.meta.get("chat_tools")
-        in_prompt = request.meta.get("tools_in_prompt", dialect == "apibank")
+        in_prompt = request.meta.get("tools_in_prompt", dialect.name == "apibank")
         if chat_tools is None and not in_prompt:  # the tools went through the chat template: so for the sidecar
             chat_tools = [to_openai(t) for t in tools]
         self.job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
                        tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
-                       args_key=self.args_key,
-                       openers=list(dict.fromkeys(habits.openers + list(DIALECT_OPENERS.get(dialect, ())))))
+                       args_key=self.render.args_key,
+                       openers=list(dict.fromkeys(habits.openers + list(dialect.openers))))
         self.submitted_at = time.time()
         self.ticket = self.sidecar.submit(self.job, tools)
         self.report["submitted"] = self.ticket is not None
@@ -172,8 +134,8 @@ class SidecarDrafter(Drafter):
     def _add_guesses(self, guesses) -> None:
         tools = {t.name: t for t in self.schema.tools}
         for g in guesses:
-            if g.function not in self.renderers:
-                self.renderers[g.function] = HintRenderer(self.schema.habits.style, self.args_key, tools[g.function])
+            if g.function not in self.hinted:
+                self.hinted[g.function] = tools[g.function]
                 self.guesses.append(g)
 
     def _follow_up(self, context: np.ndarray) -> None:
@@ -181,7 +143,7 @@ class SidecarDrafter(Drafter):
         slots alone: they arrive while the target is still writing the arguments."""
         name = self.schema.scanner.name
         if self.followup is None:
-            if name is None or name in self.renderers or name not in self.tool_names:
+            if name is None or name in self.hinted or name not in self.tool_names:
                 return
             job = replace(self.job, request_id=f"{self.job.request_id}/{name}", function=name)
             self.followup = self.sidecar.submit(job, self.schema.tools)
@@ -228,13 +190,14 @@ class SidecarDrafter(Drafter):
     def rest_of_call(self, scan: CallScanner, guess: Guess) -> str | None:
         """The text from the current position to the end of the call if `guess` is right, or None where
         the hint cannot be aligned (another function, a value that already differs)."""
-        render = self.renderers.get(guess.function)
-        if render is None or scan.calls_done > 0:
+        tool = self.hinted.get(guess.function)
+        if tool is None or scan.calls_done > 0:
             return None
-        full = render.call(guess)
+        render, hint = self.render, guess.arguments
+        full = render.call(guess.function, hint, tool)
         if not scan.stack:
             written = scan.outside
-            for opener in self.schema.habits.openers + list(DIALECT_OPENERS.get(self.request.dialect or "hermes", ())):
+            for opener in self.schema.habits.openers + list(self.schema.dialect.openers):
                 text = opener + full
                 if text.startswith(written) and len(text) > len(written):
                     return text[len(written):]
@@ -253,31 +216,31 @@ class SidecarDrafter(Drafter):
         keys = set(args.keys)
         if len(scan.stack) == 2 and scan.in_string and scan.string_role == "key":
             prefix = "".join(scan.buf)
-            for p in render.tool.parameters:
-                if p.name not in keys and p.name in guess.arguments and p.name.startswith(prefix):
-                    item = render.item(p.name, guess.arguments[p.name])
-                    return item[1 + len(prefix):] + render.remaining(guess, keys | {p.name})
+            for p in tool.parameters:
+                if p.name not in keys and p.name in hint and p.name.startswith(prefix):
+                    item = render.item(p.name, hint[p.name])
+                    return item[1 + len(prefix):] + render.slots(hint, tool, keys | {p.name})
             return None
         if len(scan.stack) == 2 and args.expect == "key":  # after `{` or `,`, and perhaps some whitespace
             want = render.style.ws("{" if not keys else ",", 2)
-            return render.remaining(guess, keys, first_sep=want[len(scan.ws):] if want.startswith(scan.ws) else "")
+            return render.slots(hint, tool, keys, first_sep=want[len(scan.ws):] if want.startswith(scan.ws) else "")
         if len(scan.stack) == 2 and args.expect == "comma":
-            return render.remaining(guess, keys)
+            return render.slots(hint, tool, keys)
         if len(scan.stack) == 2 and args.expect == "colon":
             key = args.keys[-1] if args.keys else None
-            if key not in guess.arguments:
+            if key not in hint:
                 return None
-            return ":" + render.style.ws(":", 2) + render.value(guess.arguments[key]) + render.remaining(guess, keys)
+            return ":" + render.style.ws(":", 2) + render.value(hint[key]) + render.slots(hint, tool, keys)
         # Inside a value: continue it only if what is written so far is the start of the hinted value.
         key = args.keys[-1] if args.keys else None
-        if key not in guess.arguments:
+        if key not in hint:
             return None
-        value = render.value(guess.arguments[key])
+        value = render.value(hint[key])
         if scan.arg_value_start is None:
-            return render.style.ws(":", 2)[len(scan.ws):] + value + render.remaining(guess, keys)
+            return render.style.ws(":", 2)[len(scan.ws):] + value + render.slots(hint, tool, keys)
         so_far = "".join(scan.call_chars[scan.arg_value_start:])
         if value.startswith(so_far) and len(value) > len(so_far):
-            return value[len(so_far):] + render.remaining(guess, keys)
+            return value[len(so_far):] + render.slots(hint, tool, keys)
         return None
 
 

@@ -24,7 +24,8 @@ import numpy as np
 from oospec.errors import InvalidMessagesError
 from oospec.server.errors import bad_request
 from oospec.server.schemas import ChatRequest
-from oospec.tools.dialects import Dialect, ToolCall, get_dialect, to_json
+from oospec.tools.dialects import Dialect, ToolCall, get_dialect
+from oospec.tools.render import to_json
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
@@ -77,8 +78,7 @@ def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
     if req.tool_choice == "function":
         if dialect.name == "pythonic":
             return f"[{req.forced_function}("
-        opener = dialect.call_prefix if dialect.call_prefix.endswith("\n") else ""
-        return opener + "{" + f'"name": {to_json(req.forced_function)}, "{dialect.args_key}": '
+        return dialect.opener + "{" + f'"name": {to_json(req.forced_function)}, "{dialect.args_key}": '
     return ""
 
 

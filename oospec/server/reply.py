@@ -24,10 +24,9 @@ import re
 import secrets
 from dataclasses import dataclass, field
 
-from oospec.tools.dialects import Dialect, ToolCall, extract_json_calls
+from oospec.tools.dialects import CALL_HEADER, CALL_TAG, Dialect, ToolCall, extract_json_calls, header_name
+from oospec.tools.jsonscan import JsonScanner
 
-CALL_OPENER = "<tool_call>"
-_CALL_HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 _DECODER = json.JSONDecoder()
 _FENCE = re.compile(r"^```[A-Za-z]*\s*(.*?)\s*```$", re.S)
 
@@ -124,7 +123,7 @@ def parse_reply(text: str, tool_names: list[str] | None, dialect: Dialect,
     `<tool_call>` is still read call by call."""
     if tool_names is None:
         return text, []
-    at = text.find(CALL_OPENER)
+    at = text.find(CALL_TAG)
     if at >= 0:
         calls = calls_in_region(text, at)
         if calls:
@@ -146,10 +145,10 @@ def calls_in_region(text: str, start: int) -> list[CallOut]:
     fall back to the dialects' lenient JSON extraction."""
     calls: list[CallOut] = []
     cursor = start
-    while (header := _CALL_HEADER.search(text, cursor)) is not None:
-        name, at = _header_name(header), header.end()
+    while (header := CALL_HEADER.search(text, cursor)) is not None:
+        name, at = header_name(header), header.end()
         if text.startswith("{", at):
-            end = _ObjectEnd().feed(text[at:])
+            end = JsonScanner().feed(text[at:])
             if end is None:
                 calls.append(CallOut(name, text[at:], complete=False))
                 break
@@ -174,13 +173,6 @@ def _json_or_none(raw: str):
         return json.loads(raw)
     except ValueError:
         return None
-
-
-def _header_name(header: re.Match) -> str:
-    try:
-        return json.loads(f'"{header.group(1)}"')
-    except ValueError:
-        return header.group(1)
 
 
 def json_only_calls(text: str, dialect: Dialect) -> list[ToolCall]:
@@ -211,41 +203,12 @@ def openai_tool_call(call: CallOut, call_id: str | None = None) -> dict:
 # --------------------------------------------------------------------------------------------------
 
 
-class _ObjectEnd:
-    """Finds where a JSON object ends, fed a piece at a time."""
-
-    def __init__(self):
-        self.depth = 0
-        self.in_string = False
-        self.escape = False
-
-    def feed(self, text: str) -> int | None:
-        """Index in `text` just past the object's closing brace, or None if it has not closed yet."""
-        for i, ch in enumerate(text):
-            if self.in_string:
-                if self.escape:
-                    self.escape = False
-                elif ch == "\\":
-                    self.escape = True
-                elif ch == '"':
-                    self.in_string = False
-            elif ch == '"':
-                self.in_string = True
-            elif ch in "{[":
-                self.depth += 1
-            elif ch in "}]":
-                self.depth -= 1
-                if self.depth == 0:
-                    return i + 1
-        return None
-
-
 @dataclass
 class _StreamedCall:
     id: str
     name: str
     scanned: int  # the reply text up to here has been scanned for the arguments' end (and sent)
-    end: _ObjectEnd = field(default_factory=_ObjectEnd)
+    end: JsonScanner = field(default_factory=JsonScanner)  # where the arguments object ends
     done: bool = False
 
 
@@ -272,7 +235,7 @@ class ToolCallStream:
         if self.mode == "plain":
             events += self._send_content(len(self.text))
         if self.mode == "content":
-            at = self.text.find(CALL_OPENER)
+            at = self.text.find(CALL_TAG)
             if at >= 0:
                 events += self._send_content(len(self.text[:at].rstrip()))
                 self.mode, self.cursor = "calls", at
@@ -303,8 +266,8 @@ class ToolCallStream:
         """Send up to the last non-blank character, and not a tail that may be the start of `<tool_call>`."""
         text = self.text
         end = len(text.rstrip())
-        for k in range(len(CALL_OPENER) - 1, 0, -1):
-            if text.endswith(CALL_OPENER[:k]):
+        for k in range(len(CALL_TAG) - 1, 0, -1):
+            if text.endswith(CALL_TAG[:k]):
                 end = min(end, len(text[: len(text) - k].rstrip()))
                 break
         return end
@@ -332,13 +295,13 @@ class ToolCallStream:
                 self.cursor = stop
             if self.blocked or (self.calls and not self.parallel):
                 return events
-            header = _CALL_HEADER.search(self.text, self.cursor)
+            header = CALL_HEADER.search(self.text, self.cursor)
             if header is None or header.end() >= len(self.text):
                 return events
             if self.text[header.end()] != "{":  # arguments as a JSON string: sent whole at the end
                 self.blocked = True
                 return events
-            name = _header_name(header)
+            name = header_name(header)
             call = _StreamedCall(new_call_id(), name, header.end())
             self.calls.append(call)
             events.append(("call", len(self.calls) - 1, call.id, name))

@@ -31,6 +31,7 @@ from transformers.cache_utils import Cache
 
 from oospec.engine.target import SlotLayer
 from oospec.sidecar.protocol import Guess, encode_payload
+from oospec.tools.jsonscan import value_end
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
@@ -82,49 +83,6 @@ class TaskFormat:
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-
-def json_value_end(text: str) -> int | None:
-    """Where the first JSON value in `text` ends (exclusive), or None while it is incomplete."""
-    i = len(text) - len(text.lstrip())
-    if i >= len(text):
-        return None
-    first = text[i]
-    if first == '"':
-        escaped = False
-        for j in range(i + 1, len(text)):
-            ch = text[j]
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                return j + 1
-        return None
-    if first in "[{":
-        depth, in_str, escaped = 0, False, False
-        for j in range(i, len(text)):
-            ch = text[j]
-            if in_str:
-                if escaped:
-                    escaped = False
-                elif ch == "\\":
-                    escaped = True
-                elif ch == '"':
-                    in_str = False
-            elif ch == '"':
-                in_str = True
-            elif ch in "[{":
-                depth += 1
-            elif ch in "]}":
-                depth -= 1
-                if depth == 0:
-                    return j + 1
-        return None
-    for j in range(i, len(text)):
-        if text[j] in ",}]\n\r\t " and j > i:
-            return j
-    return None
 
 
 class RowRunner:
@@ -440,7 +398,7 @@ class SidecarPredictor:
             if int(ids[-1]) in self.stop_ids:
                 return True
             text = openers[i] + self.token_bytes.join(ids).decode("utf-8", errors="ignore")
-            end = json_value_end(text)
+            end = value_end(text)
             if end is not None:
                 texts[i] = text[:end]
             return end is not None

@@ -1,7 +1,8 @@
 """Follow a JSON tool call as the target writes it, and say which text the schema forces next.
 
 `CallScanner` consumes the target's output text a character at a time (incrementally, never re-reading) and
-tracks where it is: outside a call, in the function name, in a key, in a value, between arguments.
+tracks where it is: outside a call, in the function name, in a key, in a value, between arguments. Where strings
+and brackets open and close it takes from the one JSON scanner (`tools/jsonscan.py`).
 `structure_continuations` then lists the text that may come next when the schema leaves only a few
 choices (openers, `"name"`, tool names, the arguments key, key names in schema order, quotes, braces,
 closers), each with a confidence. Values are left to the value drafters (prompt lookup, retrieval,
@@ -17,28 +18,10 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from oospec.tools.dialects import ARGS_KEYS, CLOSERS
+from oospec.tools.jsonscan import CLOSE, OPEN, STRING, STRING_END, STRING_START, JsonScanner
+from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import Param, Tool
-
-ARG_KEYS = ("arguments", "parameters")
-
-
-@dataclass
-class Style:
-    """Whitespace the target writes around JSON punctuation, by nesting depth (1: the call object)."""
-
-    after: dict[tuple[str, int], str] = field(default_factory=dict)  # (punctuation, depth) -> whitespace
-    before_close: dict[int, str] = field(default_factory=dict)
-
-    def ws(self, punct: str, depth: int) -> str:
-        default = " " if punct in ",:" else ""
-        return self.after.get((punct, depth), self.after.get((punct, 0), default))
-
-    def close(self, depth: int) -> str:
-        return self.before_close.get(depth, "")
-
-
-# What a call's opener asks to be closed with, for a target that has not finished a request yet.
-DEFAULT_CLOSERS = {"```json\n": "\n```", "```\n": "\n```", "<tool_call>\n": "\n</tool_call>"}
 
 
 @dataclass
@@ -56,7 +39,7 @@ class Habits:
         request, what the opener it wrote calls for."""
         if self.closers:
             return [(c, True) for c in self.closers[:2]]
-        default = DEFAULT_CLOSERS.get(opener or "")
+        default = CLOSERS.get(opener or "")
         return [(default, False)] if default is not None else []
 
     def remember(self, items: list[str], value: str, keep: int = 3) -> None:
@@ -83,8 +66,7 @@ class CallScanner:
         self.opener: str | None = None  # text before the first call
         self.name: str | None = None  # function name of the call being written
         self.args_key: str | None = None
-        self.in_string = False
-        self.escape = False
+        self.json = JsonScanner()  # strings and brackets of the call being written
         self.string_role = ""
         self.buf: list[str] = []
         self.scalar = ""
@@ -97,25 +79,15 @@ class CallScanner:
     def depth(self) -> int:
         return len(self.stack)
 
+    @property
+    def in_string(self) -> bool:
+        return self.json.in_string
+
     def feed(self, text: str) -> None:
         for ch in text:
             self._feed_char(ch)
 
     def _feed_char(self, ch: str) -> None:
-        if self.stack:
-            self.call_chars.append(ch)
-        if self.in_string:
-            if self.escape:
-                self.escape = False
-                self.buf.append(ch)
-            elif ch == "\\":
-                self.escape = True
-                self.buf.append(ch)
-            elif ch == '"':
-                self._end_string()
-            else:
-                self.buf.append(ch)
-            return
         if not self.stack:
             if ch == "{":
                 if self.calls_done == 0:
@@ -123,10 +95,20 @@ class CallScanner:
                 self.outside = ""
                 self.call_chars = ["{"]
                 self.arg_value_start = None
+                self.json = JsonScanner()
+                self.json.push(ch)
                 self.stack.append(Frame("call", "{", "key"))
                 self.last_punct, self.ws = "{", ""
             else:
                 self.outside += ch
+            return
+        self.call_chars.append(ch)
+        kind = self.json.push(ch)
+        if kind == STRING:
+            self.buf.append(ch)
+            return
+        if kind == STRING_END:
+            self._end_string()
             return
         if ch in " \t\r\n":
             if self.scalar:
@@ -135,7 +117,7 @@ class CallScanner:
             return
         frame = self.stack[-1]
         # First visible character after whitespace: learn what this target writes there.
-        if ch in "}]":
+        if kind == CLOSE:
             self.style.before_close[self.depth] = self.ws
         elif self.last_punct:
             self.style.after[(self.last_punct, self.depth)] = self.ws
@@ -147,27 +129,27 @@ class CallScanner:
             self.arg_value_start = None
         if self.scalar and ch in ",}]":
             self._end_scalar()
-        if ch == '"':
+        if kind == STRING_START:
             if frame.expect == "key":
                 self.string_role = "key"
             elif frame.expect == "value" and frame.role == "call" and frame.keys and frame.keys[-1] == "name":
                 self.string_role = "name"
             else:
                 self.string_role = "value"
-            self.in_string, self.buf = True, []
+            self.buf = []
         elif ch == ":":
             frame.expect = "value"
             self.last_punct = ":"
         elif ch == ",":
             frame.expect = "key" if frame.bracket == "{" else "value"
             self.last_punct = ","
-        elif ch in "{[":
-            is_args = frame.role == "call" and frame.keys and frame.keys[-1] in ARG_KEYS and ch == "{"
+        elif kind == OPEN:
+            is_args = frame.role == "call" and frame.keys and frame.keys[-1] in ARGS_KEYS and ch == "{"
             if is_args:
                 self.args_key = frame.keys[-1]
             self.stack.append(Frame("args" if is_args else "value", ch, "key" if ch == "{" else "value"))
             self.last_punct = "{" if ch == "{" else ""
-        elif ch in "}]":
+        elif kind == CLOSE:
             self.stack.pop()
             if self.stack:
                 self.stack[-1].expect = "comma"
@@ -178,7 +160,6 @@ class CallScanner:
             self.scalar += ch
 
     def _end_string(self) -> None:
-        self.in_string = False
         frame = self.stack[-1]
         text = "".join(self.buf)
         if self.string_role == "key":
@@ -242,42 +223,31 @@ def structure_continuations(
     values: ValueSource | None = None,
 ) -> list[Continuation]:
     """The text the schema makes likely next, most likely first; [] where only values can follow."""
-    return _Renderer(scan, tools, habits, default_args_key, default_openers, values).continuations()
+    return _Continuations(scan, tools, habits, default_args_key, default_openers, values).continuations()
 
 
-class _Renderer:
+class _Continuations:
     def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None):
         self.values = values
         self.scan, self.tools, self.habits = scan, tools, habits
         self.style = habits.style
         self.args_key = scan.args_key or habits.args_key or default_args_key
+        self.render = CallRenderer(self.style, self.args_key)
         self.openers = habits.openers + [o for o in default_openers if o not in habits.openers]
         self.by_name = {t.name: t for t in tools}
 
     # -- text pieces -------------------------------------------------------------------------------------------
-    def value_open(self, param: Param | None) -> str:
-        if param is None:
-            return ""
-        return {"string": '"', "array": "[", "object": "{"}.get(param.type, "")
-
     def key_value_open(self, param: Param, depth: int) -> str:
-        return f'"{param.name}":' + self.style.ws(":", depth) + self.value_open(param)
-
-    def call_close(self) -> str:
-        return self.style.close(2) + "}" + self.style.close(1) + "}"
+        return self.render.key(param.name, depth) + self.render.value_open(param)
 
     def args_body(self, tool: Tool) -> str:
         """From just after the arguments' `{`: the first key, or the closing braces if there are none."""
         if tool.parameters:
             return self.style.ws("{", 2) + self.key_value_open(tool.parameters[0], 2)
-        return self.call_close()
+        return self.render.close()
 
     def after_name(self, tool: Tool) -> str:
-        return ("," + self.style.ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{"
-                + self.args_body(tool))
-
-    def call_start(self) -> str:
-        return "{" + self.style.ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"'
+        return self.render.args_open() + self.args_body(tool)
 
     def closings(self, confidence: float) -> list[Continuation]:
         """After the last brace: the target's usual closer and end of turn, if it has shown one."""
@@ -303,7 +273,7 @@ class _Renderer:
         out = []
         if self.scan.calls_done == 0:
             for opener in self.openers:
-                full = opener + self.call_start()
+                full = opener + self.render.start()
                 if full.startswith(written) and len(full) > len(written):
                     conf = 0.9 if opener in self.habits.openers else 0.4
                     out.append(Continuation(full[len(written) :], conf))
@@ -328,7 +298,7 @@ class _Renderer:
             return []
         if role == "key":
             remaining = [p for p in tool.parameters if p.name not in frame.keys and p.name.startswith(prefix)]
-            return [Continuation(p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.value_open(p),
+            return [Continuation(p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p),
                                  0.9 if i == 0 else 0.3) for i, p in enumerate(remaining)]
         param = self.param(tool, frame.keys[-1] if frame.keys else "")
         if param is not None and param.enum:
@@ -367,14 +337,14 @@ class _Renderer:
                 ws = self.pending_ws(":", 1) + '"'
                 return [Continuation(ws, 0.9)] + [Continuation(ws + c.text, c.confidence) for c in self.names("")]
             tool = self.by_name.get(scan.name or "")
-            if key in ARG_KEYS and tool is not None:
+            if key in ARGS_KEYS and tool is not None:
                 return [Continuation(self.pending_ws(":", 1) + "{" + self.args_body(tool), 0.9)]
             return []
         # expect == "comma": after the name, or after the arguments object
         tool = self.by_name.get(scan.name or "")
         if frame.keys and frame.keys[-1] == "name" and tool is not None:
             return [Continuation(self.after_name(tool), 0.9)]
-        if frame.keys and frame.keys[-1] in ARG_KEYS:
+        if frame.keys and frame.keys[-1] in ARGS_KEYS:
             close = self.pending_close(1) + "}"
             return [Continuation(close, 0.9)] + [Continuation(close + c.text, c.confidence, True)
                                                  for c in self.closings(0.9)]
@@ -391,7 +361,7 @@ class _Renderer:
                     for i, p in enumerate(remaining[:3])]
         if frame.expect == "colon":
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
-            return [Continuation(":" + self.style.ws(":", 2) + self.value_open(param), 0.9)]
+            return [Continuation(":" + self.style.ws(":", 2) + self.render.value_open(param), 0.9)]
         if frame.expect == "value":
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
             if self.scan.scalar:
@@ -400,7 +370,7 @@ class _Renderer:
                             if word.startswith(self.scan.scalar) and word != self.scan.scalar]
                 return [Continuation(c.text, 0.2 * c.confidence, c.end_of_turn)
                         for c in self.after_value(tool, frame, "")[:2]]
-            opener = self.value_open(param)
+            opener = self.render.value_open(param)
             if param is not None and param.type == "boolean":
                 return [Continuation(self.pending_ws(":", 2) + w, 0.45) for w in ("true", "false")]
             return [Continuation(self.pending_ws(":", 2) + opener, 0.9)] if opener else []
@@ -412,7 +382,7 @@ class _Renderer:
         required_left = any(p.name in tool.required for p in remaining)
         nexts = [Continuation("," + self.style.ws(",", 2) + self.key_value_open(p, 2), 0.8 if i == 0 else 0.25)
                  for i, p in enumerate(remaining[:2])]
-        close_text = self.call_close()
+        close_text = self.render.close()
         close_text = close_text[len(written_ws) :] if close_text.startswith(written_ws) else close_text
         close = [Continuation(close_text, 0.85)] + [Continuation(close_text + c.text, c.confidence, True)
                                                     for c in self.closings(0.85)]

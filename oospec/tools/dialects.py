@@ -1,6 +1,9 @@
 """How a target model writes tool calls (so a drafter can propose the exact text) and how to read them back.
 
-Dialects:
+The table (`DIALECTS`) owns, per dialect, every fact about its calls' text: the openers a target writes before a
+call object, the closer each opener asks for (`CLOSERS`), the arguments key, what a reply that must call starts
+with, how calls are rendered (`render`, through the one call renderer, `tools/render.py`) and how they are read
+back (`parse`, through the one extractor below). Dialects:
 
 - ``hermes``: Qwen2.5 / Hermes ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, byte-for-byte
   what the Qwen2.5 chat template renders for an assistant message with ``tool_calls``; several calls are
@@ -21,13 +24,19 @@ from __future__ import annotations
 
 import ast
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from oospec.tools.schema import Param, Tool, balanced_end
+from oospec.tools.jsonscan import bracket_end
+from oospec.tools.pythonic import detuple, parse_call_expr, parse_call_list, py_literal
+from oospec.tools.render import CallRenderer
+from oospec.tools.schema import Param, Tool
+
+# Wrappers a target may put around its calls, whatever its dialect: the opener and the closer it asks for.
+CLOSERS = {"<tool_call>\n": "\n</tool_call>", "```json\n": "\n```", "```\n": "\n```"}
+CALL_TAG = "<tool_call>"  # where a call region begins in a reply, in any dialect
 
 # --------------------------------------------------------------------------------------------------
 # ToolCall
@@ -70,17 +79,11 @@ def _as_calls(call: ToolCall | Sequence[ToolCall]) -> list[ToolCall]:
     return calls
 
 
-def to_json(value: Any) -> str:
-    """JSON as chat templates' ``tojson`` filter writes it."""
-    return json.dumps(value, ensure_ascii=False)
-
-
 # --------------------------------------------------------------------------------------------------
 # Lenient extraction helpers
 # --------------------------------------------------------------------------------------------------
 
 _DECODER = json.JSONDecoder()
-_ARG_KEYS = ("arguments", "parameters", "args", "input")
 
 
 def _loads_lenient(raw: str) -> Any:
@@ -111,7 +114,7 @@ def _iter_objects(text: str) -> Iterable[Any]:
         try:
             obj, end = _DECODER.raw_decode(text, j)
         except ValueError:
-            end = balanced_end(text, j)
+            end = bracket_end(text, j)
             obj = _loads_lenient(text[j:end]) if end else None
             if obj is None:
                 i = j + 1
@@ -128,7 +131,7 @@ def _call_from_obj(obj: Any) -> ToolCall | None:
     name = obj.get("name")
     if not isinstance(name, str) or not name:
         return None
-    key = next((k for k in _ARG_KEYS if k in obj), None)
+    key = next((k for k in LENIENT_ARGS_KEYS if k in obj), None)
     if key is None:
         return None
     args = obj[key]
@@ -179,10 +182,23 @@ class Dialect:
     before the end-of-turn token), so it can serve as a draft; ``parse`` reads calls back out of free text."""
 
     name: ClassVar[str] = ""
-    #: text a tool call starts with (useful to drafters that want to know when a call begins)
-    call_prefix: ClassVar[str] = ""
-    #: key holding the arguments in the JSON object, for JSON dialects
+    #: text the target writes before a JSON call object, likeliest first ("": the bare object); empty for a
+    #: dialect whose calls are not JSON objects (drafters that follow JSON calls stay out of its way)
+    openers: ClassVar[tuple[str, ...]] = ()
+    #: key holding the arguments in the JSON object
     args_key: ClassVar[str] = "arguments"
+    #: what every reply that calls a tool starts with (what tool_choice "required" forces)
+    call_prefix: ClassVar[str] = ""
+
+    @property
+    def opener(self) -> str:
+        """The opener the target writes unless it has shown another."""
+        return self.openers[0] if self.openers else ""
+
+    @staticmethod
+    def closer(opener: str) -> str | None:
+        """What a call opened with `opener` is closed with (None: nothing, as for the bare object)."""
+        return CLOSERS.get(opener)
 
     def render(self, call: ToolCall | Sequence[ToolCall]) -> str:
         raise NotImplementedError
@@ -192,7 +208,7 @@ class Dialect:
 
     def render_json(self, call: ToolCall) -> str:
         """One call as a JSON object, name first, then arguments in their own order."""
-        return "{" + f'"name": {to_json(call.name)}, "{self.args_key}": {to_json(call.arguments)}' + "}"
+        return CallRenderer(args_key=self.args_key).call(call.name, call.arguments)
 
     def __repr__(self) -> str:
         return f"<Dialect {self.name}>"
@@ -202,33 +218,37 @@ class HermesDialect(Dialect):
     """Qwen2.5 (and Hermes-style) templates: one ``<tool_call>`` block per call."""
 
     name = "hermes"
-    call_prefix = "<tool_call>\n"
+    openers = ("<tool_call>\n",)
     args_key = "arguments"
+    call_prefix = "<tool_call>\n"
 
     def render(self, call):
-        return "\n".join(f"<tool_call>\n{self.render_json(c)}\n</tool_call>" for c in _as_calls(call))
+        return "\n".join(self.opener + self.render_json(c) + self.closer(self.opener) for c in _as_calls(call))
 
 
 class ApiBankDialect(Dialect):
     """ToolSpec's API-Bank prompt format: one ``<tool_call>`` block, one JSON object per line."""
 
     name = "apibank"
-    call_prefix = "<tool_call>\n"
+    # The prompt asks for a <tool_call> block; models also fence the JSON or write it bare.
+    openers = ("<tool_call>\n", "```json\n", "")
     args_key = "parameters"
+    call_prefix = "<tool_call>\n"
 
     def render(self, call):
         calls = _as_calls(call)
         if not calls:
             return ""
-        return "<tool_call>\n" + "\n".join(self.render_json(c) for c in calls) + "\n</tool_call>"
+        return self.opener + "\n".join(self.render_json(c) for c in calls) + self.closer(self.opener)
 
 
 class Llama3JsonDialect(Dialect):
     """Llama-3.1/3.2 JSON tool calling: the bare object, as the Llama-3.1 chat template renders tool_calls."""
 
     name = "llama3_json"
-    call_prefix = '{"name": "'
+    openers = ("",)
     args_key = "parameters"
+    call_prefix = '{"name": "'
 
     def render(self, call):
         return "; ".join(self.render_json(c) for c in _as_calls(call))
@@ -250,12 +270,12 @@ class PythonicDialect(Dialect):
     def parse(self, text: str) -> list[ToolCall]:
         # Prefer a bracketed list of calls; otherwise take bare calls.
         for m in re.finditer(r"\[", text):
-            end = balanced_end(text, m.start())
+            end = bracket_end(text, m.start())
             if end is None:
                 continue
-            calls = _parse_call_list(text[m.start():end])
+            calls = parse_call_list(text[m.start():end])
             if calls:
-                return calls
+                return [ToolCall(name, args) for name, args in calls]
         out: list[ToolCall] = []
         i = 0
         pattern = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\(")
@@ -263,108 +283,32 @@ class PythonicDialect(Dialect):
             m = pattern.search(text, i)
             if m is None:
                 return out
-            end = balanced_end(text, m.end() - 1)
-            call = _parse_call_expr(text[m.start():end], keywords_only=True) if end else None
+            end = bracket_end(text, m.end() - 1)
+            call = parse_call_expr(text[m.start():end], keywords_only=True) if end else None
             if call is not None:
-                out.append(call)
+                out.append(ToolCall(*call))
                 i = end
             else:
                 i = m.end()
 
 
-def py_literal(value: Any) -> str:
-    """A Python literal for a JSON-like value, strings double-quoted as models write them in BFCL."""
-    if isinstance(value, bool):
-        return "True" if value else "False"
-    if value is None:
-        return "None"
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, int):
-        return repr(value)
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return repr(value)
-        return f'float("{value}")'
-    if isinstance(value, list):
-        return "[" + ", ".join(py_literal(v) for v in value) + "]"
-    if isinstance(value, tuple):
-        inner = ", ".join(py_literal(v) for v in value)
-        return f"({inner},)" if len(value) == 1 else f"({inner})"
-    if isinstance(value, Mapping):
-        return "{" + ", ".join(f"{py_literal(k)}: {py_literal(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"cannot write {type(value).__name__} as a Python literal")
-
-
-def _dotted_name(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted_name(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
-
-
-def _ast_value(node: ast.AST) -> Any:
-    try:
-        value = ast.literal_eval(node)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        if isinstance(node, ast.Call) and _dotted_name(node.func) == "float" and len(node.args) == 1:
-            try:
-                return float(ast.literal_eval(node.args[0]))
-            except (ValueError, SyntaxError, TypeError):
-                pass
-        if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
-            return {"true": True, "false": False, "null": None}[node.id]
-        return ast.unparse(node)  # a variable or expression: keep its source, as BFCL does
-    return _detuple(value)
-
-
-def _detuple(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_detuple(x) for x in v]
-    if isinstance(v, list):
-        return [_detuple(x) for x in v]
-    if isinstance(v, dict):
-        return {k: _detuple(x) for k, x in v.items()}
-    return v
-
-
-def _call_from_ast(node: ast.AST) -> ToolCall | None:
-    if not isinstance(node, ast.Call):
-        return None
-    name = _dotted_name(node.func)
-    if name is None:
-        return None
-    # Positional arguments are ignored, as in BFCL's decoder; only keywords carry names.
-    return ToolCall(name, {kw.arg: _ast_value(kw.value) for kw in node.keywords if kw.arg is not None})
-
-
-def _parse_call_list(src: str) -> list[ToolCall]:
-    try:
-        tree = ast.parse(src.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    body = tree.body
-    elts = body.elts if isinstance(body, ast.List | ast.Tuple) else [body]
-    calls = [_call_from_ast(e) for e in elts]
-    if not calls or any(c is None for c in calls):
-        return []
-    return calls  # type: ignore[return-value]
-
-
-def _parse_call_expr(src: str, keywords_only: bool = False) -> ToolCall | None:
-    try:
-        tree = ast.parse(src.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    if keywords_only and isinstance(tree.body, ast.Call) and tree.body.args:
-        return None  # prose such as "see figure(2)" is not a call
-    return _call_from_ast(tree.body)
-
-
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (HermesDialect(), ApiBankDialect(), Llama3JsonDialect(),
                                                    PythonicDialect())}
+# The arguments keys of all dialects, which every reader of a call object accepts.
+ARGS_KEYS = tuple(dict.fromkeys(d.args_key for d in DIALECTS.values()))
+# Lenient extraction also takes what other tools' formats use.
+LENIENT_ARGS_KEYS = (*ARGS_KEYS, "args", "input")
+# The start of a call object, through its arguments key: what a reader follows a call by as it is written.
+CALL_HEADER = re.compile(r'\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"(?:'
+                         + "|".join(map(re.escape, ARGS_KEYS)) + r')"\s*:\s*')
+
+
+def header_name(header: re.Match) -> str:
+    """The function name a `CALL_HEADER` match holds, its JSON escapes read."""
+    try:
+        return json.loads(f'"{header.group(1)}"')
+    except ValueError:
+        return header.group(1)
 
 
 def get_dialect(name: str | Dialect) -> Dialect:
@@ -400,7 +344,7 @@ def _coerce(value: str, ptype: str) -> tuple[bool, Any]:
             if isinstance(v, tuple):
                 v = list(v)
             if (ptype == "array" and isinstance(v, list)) or (ptype == "object" and isinstance(v, dict)):
-                return True, _detuple(v)
+                return True, detuple(v)
         if ptype == "null" and s.lower() in ("null", "none"):
             return True, None
     except ValueError:
@@ -476,6 +420,10 @@ def validate(call: ToolCall, tools: Sequence[Tool] | Mapping[str, Tool], *, coer
 
 
 __all__ = [
+    "ARGS_KEYS",
+    "CALL_HEADER",
+    "CALL_TAG",
+    "CLOSERS",
     "DIALECTS",
     "ApiBankDialect",
     "Dialect",
@@ -485,7 +433,6 @@ __all__ = [
     "ToolCall",
     "extract_json_calls",
     "get_dialect",
-    "py_literal",
-    "to_json",
+    "header_name",
     "validate",
 ]

@@ -364,42 +364,6 @@ def to_openai(tool: Tool) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------------------------------
-# Bracket matching (shared by the call dialects and the prose tool lists of oospec.datasets)
-# --------------------------------------------------------------------------------------------------
-
-
-def balanced_end(text: str, start: int) -> int | None:
-    """Exclusive end of the bracket group opening at ``text[start]``; string literals are skipped."""
-    closers = {"{": "}", "[": "]", "(": ")"}
-    stack: list[str] = []
-    quote = None
-    i, n = start, len(text)
-    while i < n:
-        c = text[i]
-        if quote:
-            if c == "\\":
-                i += 2
-                continue
-            if text.startswith(quote, i):
-                i += len(quote)
-                quote = None
-                continue
-        elif c in "\"'":
-            quote = c * 3 if text.startswith(c * 3, i) else c
-            i += len(quote)
-            continue
-        elif c in closers:
-            stack.append(closers[c])
-        elif c in ")]}":
-            if not stack or stack.pop() != c:
-                return None
-            if not stack:
-                return i + 1
-        i += 1
-    return None
-
-
 __all__ = [
     "NO_DEFAULT",
     "PARAM_TYPES",

@@ -16,9 +16,8 @@ import json
 from dataclasses import dataclass, field
 
 from oospec.sidecar.predictor import VALUE_OPENERS, Job, TaskFormat
+from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import tools_from_openai
-
-DEFAULT_OPENERS = {"hermes": "<tool_call>\n", "apibank": "```json\n", "llama3_json": ""}
 
 
 @dataclass
@@ -33,11 +32,16 @@ class RequestRows:
 
 
 def job_for(trace: dict) -> Job:
-    """The predictor's job for a traced request, with the opener and arguments key the teacher used."""
+    """The predictor's job for a traced request, with the opener and arguments key the teacher used (for a
+    request the teacher answered without a call, those its dialect expects, as the sidecar drafter sends)."""
     text, call = trace.get("text") or "", trace.get("call")
-    brace = text.find("{")
-    opener = text[:brace] if call and brace >= 0 else DEFAULT_OPENERS.get(trace.get("dialect"), "")
-    args_key = "parameters" if '"parameters"' in text else "arguments"
+    dialect = DIALECTS.get(trace.get("dialect"))
+    opener = dialect.opener if dialect else ""
+    args_key = dialect.args_key if dialect else "arguments"
+    if call:
+        brace = text.find("{")
+        opener = text[:brace] if brace >= 0 else opener
+        args_key = "parameters" if '"parameters"' in text else "arguments"
     return Job(trace["id"], trace["messages"], trace["tools"], trace.get("chat_tools"), opener, args_key)
 
 
