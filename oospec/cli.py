@@ -150,7 +150,8 @@ def cmd_bench_cost_curve(args) -> None:
 
 
 def cmd_bench_run(args) -> None:
-    from oospec.bench.run import BenchConfig, invoked_command, run_benchmark
+    from oospec.bench.config import BenchConfig
+    from oospec.bench.run import invoked_command, run_benchmark
 
     run_benchmark(BenchConfig(
         datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
