@@ -17,6 +17,10 @@ class FakePredictor:
         self.mode = mode
         self.answer = answer or {}
         self.delay_s = delay_s
+        self.cached: set[str] = set()  # conversations seen since the last clear_cache (the real one's prompt cache)
+
+    def clear_cache(self) -> None:
+        self.cached.clear()
 
     def predict(self, job) -> bytes:
         if self.delay_s:
@@ -26,6 +30,11 @@ class FakePredictor:
         args = self.answer.get("arguments", {})
         good = encode_payload(job.request_id, [Guess(name, args)], 0.01, time.time())
         mode = self.mode
+        conversation = json.dumps(job.messages, sort_keys=True)
+        warm = conversation in self.cached
+        self.cached.add(conversation)
+        if mode == "cache-probe":  # answers well, and tells in call_p whether the conversation was cached
+            return encode_payload(job.request_id, [Guess(name, args)], 0.01, time.time(), 0.5 if warm else 1.0)
         if mode == "from-job":  # one process serves many faults: the test names each in the request
             mode = re.search(r"\[fault:([\w-]+)\]", job.messages[-1]["content"]).group(1)
         if mode == "good":

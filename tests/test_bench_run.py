@@ -1,5 +1,6 @@
 """`oospec bench run` end to end on a tiny random model with SmolLM2's tokenizer (fast, CPU)."""
 
+import hashlib
 import json
 
 import numpy as np
@@ -7,8 +8,12 @@ import pytest
 import torch
 
 from oospec.bench import run as bench_run
-from oospec.bench.run import BenchConfig, BenchError, ForwardCounter, first_difference, parse_methods
+from oospec.bench.config import BenchConfig, BenchError, load_datasets
+from oospec.bench.hf_peers import ForwardCounter
+from oospec.bench.methods import parse_methods
+from oospec.bench.run import first_difference
 from oospec.errors import OospecError
+from oospec.sidecar.provenance import training_manifest, weights_sha256
 
 TOKENIZER_MODEL = "smollm2-135m"
 
@@ -116,9 +121,9 @@ def test_errors_and_helpers():
     assert parse_methods("pld,oracle") == ["ar", "pld", "oracle"]  # ar always runs first
     assert issubclass(BenchError, OospecError)
     with pytest.raises(OospecError, match="unknown dataset"):
-        bench_run.load_datasets(BenchConfig(datasets=["nosuchbench"], limit=1))
+        load_datasets(BenchConfig(datasets=["nosuchbench"], limit=1))
     with pytest.raises(BenchError, match="no dataset"):
-        bench_run.load_datasets(BenchConfig(datasets=[]))
+        load_datasets(BenchConfig(datasets=[]))
     assert first_difference(np.array([1, 2, 3]), np.array([1, 2, 3])) is None
     assert first_difference(np.array([1, 2, 3]), np.array([1, 5, 3])) == 1
     assert first_difference(np.array([1, 2, 3]), np.array([1, 2])) == 2
@@ -142,8 +147,17 @@ def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
         result = bench_run.run_benchmark(cfg, engine=tiny_engine, sidecar=client)
     rows = result["summary"]["apibank"]
     assert rows["oospec"]["identical_rate"] == 1.0 and rows["ar-all-cores"]["identical_rate"] == 1.0
-    assert rows["ar"]["cores"] == "1" and rows["oospec"]["cores"] == "1+1"
+    # Equal cores: the 1+1 sidecar methods against ar (and toolspec) with 2 threads; ar with the target's 1 thread
+    # is the secondary baseline.
+    assert rows["ar"]["cores"] == "2" and rows["toolspec"]["cores"] == "2" and rows["oospec"]["cores"] == "1+1"
+    assert rows["oospec"]["baseline"] == "ar" and rows["oospec"]["cpu_threads"] == 2
+    assert rows["ar-target-threads"]["cores"] == "1" and rows["ar-target-threads"]["identical_rate"] == 1.0
+    assert rows["ar"]["decode_speedup"] == pytest.approx(1.0)
+    assert rows["ar-target-threads"]["decode_speedup_target_threads"] == pytest.approx(1.0)
     assert rows["ar-all-cores"]["cores"] == str(__import__("os").cpu_count())
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["cores"]["total"] == 2 and run["cores"]["methods"]["oospec"] == {"cores": "1+1", "target_threads": 1,
+                                                                                 "cpu_threads": 2}
     sc = rows["oospec"]["sidecar"]
     assert sc["n"] == 2 and sc["answered"] == 1.0 and sc["payload_bytes"] > 20
     records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
@@ -155,3 +169,77 @@ def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
     assert all(r["sidecar"]["waited_s"] >= 0 and r["sidecar"]["arrived"] for r in waited)
     report = (tmp_path / "report.md").read_text()
     assert "Sidecar:" in report and "| oospec | 2 | 100% |" in report
+
+
+# -- the honest-benchmark guarantees: the adapter's digest and training data are recorded and checked, and no
+# sidecar method reuses the sidecar cache another method warmed on the same item.
+WEIGHTS = b"not really safetensors"
+
+
+def _adapter(tmp_path, train_items=(), train_tools=()):
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    (folder / "adapter_model.safetensors").write_bytes(WEIGHTS)
+    (folder / "data_manifest.json").write_text(json.dumps({
+        "seed": 0, "sources": {"used_train_items": list(train_items)}, "train_tools": list(train_tools),
+        "heldout_tools": [], "train_items": [], "heldout_items": []}))
+    return folder
+
+
+def _apibank(limit=2):
+    return load_datasets(BenchConfig(datasets=["apibank"], limit=limit))
+
+
+def test_provenance_reads_digest_and_manifest(tmp_path):
+    folder = _adapter(tmp_path, train_items=["x-1"], train_tools=["Calculator"])
+    assert weights_sha256(folder) == hashlib.sha256(WEIGHTS).hexdigest()
+    assert weights_sha256(None) is None and training_manifest(tmp_path) is None
+    manifest = training_manifest(folder)
+    assert manifest.overlap("x-1", set()) == ["item x-1 is a training item"]
+    assert manifest.overlap("y", {"Calculator", "Other"}) == ["calls training tool Calculator"]
+    assert manifest.overlap("y", {"Other"}) == []
+
+
+def test_shipped_adapter_holds_out_the_default_benchmark_items():
+    from oospec.sidecar.process import resolve_adapter
+
+    adapter = resolve_adapter("qwen2.5-coder-0.5b", "auto")
+    assert training_manifest(adapter) is not None
+    datasets = load_datasets(BenchConfig(datasets=["apibank"], split="1", limit=8))
+    assert bench_run.check_trained_items(datasets, adapter, allow=False) == []
+
+
+def test_trained_items_are_refused_before_any_model_loads(tmp_path):
+    (label, samples), = _apibank(1)
+    folder = _adapter(tmp_path, train_tools=[c.name for c in samples[0].gold])
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "oospec"], target="no-such-model", limit=1,
+                      sidecar_adapter=str(folder), out=tmp_path / "out", progress=False, echo=False)
+    with pytest.raises(BenchError, match="not held out.*calls training tool.*--allow-trained-items"):
+        bench_run.run_benchmark(cfg)
+    # Without a sidecar method the adapter plays no part: nothing to check.
+    assert bench_run.check_trained_items(_apibank(1), None, allow=False) == []
+
+
+def test_allowed_trained_items_digest_and_fresh_sidecar_cache(tiny_engine, tmp_path, capsys):
+    from oospec.sidecar import SidecarClient
+
+    datasets = _apibank(2)
+    first = datasets[0][1][0]
+    folder = _adapter(tmp_path, train_items=[first.id])
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "oospec", "oospec-wait"], target="tiny-random", limit=2,
+                      max_new_tokens=12, budget=8, out=tmp_path / "out", progress=False, echo=False, threads=1,
+                      sidecar_adapter=str(folder), allow_trained_items=True)
+    with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "cache-probe"}) as client:
+        bench_run.run_benchmark(cfg, engine=tiny_engine, sidecar=client)
+    assert "WARNING" in capsys.readouterr().err
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["sidecar"]["adapter"] == str(folder)
+    assert run["sidecar"]["adapter_sha256"] == hashlib.sha256(WEIGHTS).hexdigest()
+    assert [t["sample_id"] for t in run["trained_items"]] == [first.id]
+    assert "--allow-trained-items" in run["command"]
+    assert "WARNING" in (tmp_path / "out" / "report.md").read_text()
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    sidecar_runs = [r for r in records if r["method"] in ("oospec", "oospec-wait")]
+    assert len(sidecar_runs) == 4
+    # call_p 1.0: the sidecar met the conversation cold, though the warm-up and oospec had just sent it the item.
+    assert all(r["sidecar"]["call_probability"] == 1.0 for r in sidecar_runs), sidecar_runs

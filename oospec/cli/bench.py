@@ -41,7 +41,8 @@ def cmd_bench_cost_curve(args) -> None:
 
 
 def cmd_bench_run(args) -> None:
-    from oospec.bench.run import BenchConfig, invoked_command, run_benchmark
+    from oospec.bench.config import BenchConfig
+    from oospec.bench.run import invoked_command, run_benchmark
 
     run_benchmark(BenchConfig(
         datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
@@ -50,7 +51,7 @@ def cmd_bench_run(args) -> None:
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
-        sidecar_adapter=args.sidecar_adapter,
+        sidecar_adapter=args.sidecar_adapter, allow_trained_items=args.allow_trained_items,
     ))
 
 
@@ -97,6 +98,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--allow-trained-items", action="store_true",
+                   help="run items the sidecar adapter was trained on (listed in its manifest; refused otherwise)")
     add_runtime_options(p)
     add_sidecar_options(p)
     p.set_defaults(func=cmd_bench_run)

@@ -270,6 +270,11 @@ class SidecarPredictor:
             optimize_for_cpu(model)
         return cls(model, tokenizer, **kwargs)
 
+    def clear_cache(self) -> None:
+        """Forget the encoded prompt and the name priors: the next job starts cold (a benchmark's fresh run)."""
+        self.runner = RowRunner(self.model)
+        self._priors.clear()
+
     # -- the job -------------------------------------------------------------------------------------------
     def predict(self, job: Job) -> bytes:
         """The compact JSON payload for `job`."""

@@ -29,7 +29,7 @@ from typing import Any
 
 from oospec.models.registry import DEFAULT_SIDECAR
 from oospec.sidecar.predictor import Job
-from oospec.sidecar.protocol import Payload, PayloadError, parse_payload
+from oospec.sidecar.protocol import CLEAR_CACHE, Payload, PayloadError, parse_payload
 from oospec.tools.schema import Tool
 
 log = logging.getLogger("oospec.sidecar")
@@ -195,6 +195,16 @@ class SidecarClient:
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
+
+    def clear_cache(self) -> None:
+        """Have the worker drop its predictor's caches before the next job (never waits; jobs sent before are
+        dropped unstarted: their request is over)."""
+        if self._conn is not None and not self._closed:
+            try:
+                self._conn.send(CLEAR_CACHE)
+                self._busy_since = None  # unanswered jobs are abandoned: a hang counts from the next one
+            except (OSError, BrokenPipeError) as exc:
+                self._fault("crashed", f"cannot reach the sidecar: {exc}")
 
     # -- requests ------------------------------------------------------------------------------------------
     def submit(self, job: Job | dict, tools: Sequence[Tool]) -> Ticket | None:

@@ -20,6 +20,8 @@ from oospec.tools.schema import Tool
 MAX_PAYLOAD_BYTES = 64 * 1024  # a real payload is ~100 bytes; anything this large is a fault
 MAX_VALUE_CHARS = 1024  # a rendered slot value longer than this is not a useful hint
 MAX_ALTERNATIVES = 3
+# Sent to the worker instead of a job: the predictor drops its caches before the next job (never superseded).
+CLEAR_CACHE = "clear-cache"
 
 
 class PayloadError(ValueError):

@@ -13,6 +13,7 @@ import json
 from multiprocessing.connection import Connection
 
 from oospec.sidecar.predictor import Job
+from oospec.sidecar.protocol import CLEAR_CACHE
 
 
 def load_factory(spec: str):
@@ -35,14 +36,19 @@ def _worker_main(conn: Connection, factory: str, options: dict, threads: int | N
     conn.send(("ready", None))
     while True:
         try:
-            msg = conn.recv()
+            queued = [conn.recv()]
+            while conn.poll():  # a newer job supersedes any older one still queued
+                queued.append(conn.recv())
         except (EOFError, OSError):
             return
-        while conn.poll():  # a newer job supersedes any older one still queued
-            msg = conn.recv()
-        if msg is None:
+        if None in queued:
             return
-        job = Job.from_dict(msg)
+        if CLEAR_CACHE in queued:  # jobs queued before the clear belong to the run it ended
+            queued = queued[len(queued) - queued[::-1].index(CLEAR_CACHE):]
+            getattr(predictor, "clear_cache", lambda: None)()
+        if not queued:
+            continue
+        job = Job.from_dict(queued[-1])
         try:
             raw = predictor.predict(job)
             conn.send(("payload", (job.request_id, raw if isinstance(raw, bytes) else str(raw).encode())))

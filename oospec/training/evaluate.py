@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 
+from oospec.sidecar.agreement import compare_call
 from oospec.sidecar.protocol import PayloadError, parse_payload
 from oospec.tools.dialects import ToolCall, validate
 from oospec.tools.schema import tools_from_openai
 from oospec.training.rows import job_for
-
-
-def _same(a, b) -> bool:
-    return json.dumps(a, sort_keys=True, ensure_ascii=False) == json.dumps(b, sort_keys=True, ensure_ascii=False)
 
 
 def predictable(call: dict, tools) -> bool:
@@ -44,11 +40,10 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
         decisions.append(no_call == (call is None))  # "call or none" decided as the teacher did
         if call is None:
             continue
-        args = call.get("arguments") or {}
-        fn = guess is not None and guess.function == call["name"]
-        matched = sum(1 for k, v in args.items() if fn and k in guess.arguments and _same(guess.arguments[k], v))
-        full = fn and matched == len(args) and set(guess.arguments) == set(args)
-        items.append({"id": trace["id"], "function": fn, "slots": len(args), "slots_matched": matched, "full": full,
+        # The best guess only: offline agreement scores the sidecar's one answer, not its alternatives.
+        agree = compare_call([guess] if guess is not None else [], ToolCall(call["name"], call.get("arguments") or {}))
+        items.append({"id": trace["id"], "function": agree.function_match, "slots": agree.slots_total,
+                      "slots_matched": agree.slots_matched, "full": agree.full_match,
                       "predictable": predictable(call, tools),
                       "latency_s": round(latency, 3), "predicted": None if guess is None else
                       {"function": guess.function, "arguments": guess.arguments}, "teacher": call})

@@ -1,0 +1,126 @@
+"""What `oospec bench run` is asked to do: its options, its datasets, and the CPU cores each method gets."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from oospec.errors import OospecError
+from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
+
+
+class BenchError(OospecError):
+    """A benchmark run that cannot start as asked (unknown method or dataset, bad options)."""
+
+
+@dataclass
+class BenchConfig:
+    datasets: list[str] = field(default_factory=list)  # names, "name:split" or file paths
+    methods: list[str] = field(default_factory=lambda: ["ar", "pld", "toolspec"])
+    target: str = DEFAULT_TARGET
+    split: str | None = None  # applies to every dataset given without ":split"
+    data: list[str] = field(default_factory=list)  # extra dataset files (load_path)
+    limit: int | None = None
+    max_new_tokens: int = 128
+    budget: int = 16
+    # The target's torch threads while a sidecar method runs; every other method gets these plus the sidecar's
+    # (see Cores). None: all cores torch would use, less the sidecar's.
+    threads: int | None = None
+    sidecar_model: str = DEFAULT_SIDECAR
+    sidecar_threads: int = 1
+    sidecar_device: str = "cpu"
+    sidecar_adapter: str | None = "auto"  # see oospec.sidecar.process.resolve_adapter
+    allow_trained_items: bool = False  # run items the sidecar adapter was trained on (else refused)
+    out: str | Path | None = None
+    assistant: str = DEFAULT_SIDECAR
+    dtype: str = "auto"
+    device: str = "cpu"
+    optimize: bool = True
+    warmup: bool = True
+    progress: bool = True
+    echo: bool = True  # print the tables
+    command: str | None = None  # the command line, for the report header
+
+
+@dataclass(frozen=True)
+class Cores:
+    """The CPU threads of a run, decided once, so that every method gets the same total (equal cores).
+
+    A sidecar method splits the total: `target` threads for the target, `sidecar` for its own process (0 when
+    the sidecar has an accelerator). Every other method runs the target with the whole total, so each
+    speed-up is against `ar` on as many cores as the method used.
+    """
+
+    target: int
+    sidecar: int
+    sidecar_device: str | None  # None: no sidecar method in this run
+    machine: int  # os.cpu_count()
+
+    @property
+    def total(self) -> int:
+        return self.target + self.sidecar
+
+    def sidecar_label(self) -> str:
+        """`cores` of a sidecar method: "1+1" (target + sidecar threads) or "1+cuda:1"."""
+        return f"{self.target}+{self.sidecar if self.sidecar_device == 'cpu' else self.sidecar_device}"
+
+    def as_json(self) -> dict:
+        return {"total": self.total, "target_threads_with_sidecar": self.target, "sidecar_threads": self.sidecar,
+                "sidecar_device": self.sidecar_device, "machine_cores": self.machine,
+                "rule": "every method gets `total` CPU threads: sidecar methods split them between the target and "
+                        "the sidecar's process, the others give them all to the target; ar-all-cores uses every "
+                        "core, ar-target-threads the target's share only (the secondary baseline)"}
+
+
+def plan_cores(cfg: BenchConfig, default_threads: int, with_sidecar: bool) -> Cores:
+    """`default_threads`: torch's own choice (all physical cores)."""
+    on_cpu = with_sidecar and cfg.sidecar_device == "cpu"
+    sidecar = max(1, cfg.sidecar_threads) if on_cpu else 0
+    target = cfg.threads or max(1, default_threads - sidecar)
+    return Cores(target, sidecar, cfg.sidecar_device if with_sidecar else None, os.cpu_count() or 1)
+
+
+def _dataset_label(spec: str, split: str | None) -> str:
+    if Path(spec).exists():
+        return Path(spec).stem
+    if split is not None and ":" not in spec:
+        return f"{spec}:{split}"
+    return spec
+
+
+def load_datasets(cfg: BenchConfig) -> list[tuple[str, list]]:
+    """[(label, samples)] for every dataset asked for, validated before any model is loaded."""
+    from oospec.datasets import load_dataset, load_path
+
+    specs = [s.strip() for s in cfg.datasets if s and s.strip()]
+    if not specs and not cfg.data:
+        raise BenchError("no dataset given: use --dataset apibank|bfcl|toolalpaca (comma list) or --data PATH")
+    out: list[tuple[str, list]] = []
+    for spec in specs:
+        split = None if ":" in spec or Path(spec).exists() else cfg.split
+        samples = load_dataset(spec, split=split, limit=cfg.limit)  # DatasetError (an OospecError) if unknown
+        out.append((_dataset_label(spec, split), samples))
+    for path in cfg.data:
+        if not Path(path).exists():
+            raise BenchError(f"--data file not found: {path}")
+        samples = load_path(path)
+        if cfg.limit is not None:
+            samples = samples[: max(0, int(cfg.limit))]
+        out.append((Path(path).stem, samples))
+    labels = [label for label, _ in out]
+    if len(set(labels)) != len(labels):
+        raise BenchError(f"the same dataset is listed twice: {', '.join(labels)}")
+    empty = [label for label, samples in out if not samples]
+    if empty:
+        raise BenchError(f"no samples in: {', '.join(empty)}")
+    return out
+
+
+def default_out_dir(datasets: Sequence[str]) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    names = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", Path(d).stem if Path(d).exists() else d) for d in datasets)
+    return Path("runs") / f"{stamp}-{names or 'data'}"

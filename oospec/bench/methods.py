@@ -1,0 +1,322 @@
+"""The methods `oospec bench run` compares, one small class per kind, all with one interface:
+
+    start()                                       a fresh state for a dataset (one drafter serves its samples
+                                                  in order: drafters that learn, learn as in service)
+    run(sample, prompt_ids, reference, n) -> Run  one generation of at most n new tokens
+    close()
+
+Each method also says which CPU threads it gets (`threads` for the target, `cores` as reported), decided
+once by `Cores`. A new method is one class and one line in `METHODS`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from oospec.bench.config import BenchConfig, BenchError, Cores
+from oospec.bench.hf_peers import AssistedPeer, HFPeer, PromptLookupPeer, optimize_like_target
+
+REFERENCE = "ar"
+# Sample metadata a drafter may see; everything else (gold answers, BFCL's possible answers, API-Bank's
+# source file names) stays out of the request so no drafter can peek at the answer.
+SAFE_META_KEYS = ("level", "split", "category", "api", "n_turns", "tools_in_prompt")
+
+
+@dataclass
+class Run:
+    tokens: np.ndarray  # (new tokens,) int64
+    stats: dict  # new_tokens, target_forwards, tau, accepted_per_step, prefill_s, decode_s, e2e_s, draft_s
+    extra: dict = field(default_factory=dict)  # fields only this kind of method records (its sidecar report)
+
+
+@dataclass
+class Reference:
+    """What `ar`'s run of the current sample gives the methods after it."""
+
+    tokens: np.ndarray
+    prefill_s: float
+
+
+@dataclass
+class Shared:
+    """What the methods of one run share: the models, the options, the cores, the sidecar."""
+
+    engine: Any
+    cfg: BenchConfig
+    cores: Cores
+    sidecar: Any = None  # a SidecarClient when a sidecar method runs
+    assistant_model: Any = None
+    assistant_tokenizer: Any = None
+    sidecar_last_item: tuple | None = None  # (dataset, sample id) of the sidecar's last job
+
+
+def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, budget: int) -> Run:
+    """The one call of Engine.generate in the benchmark."""
+    meta = {k: sample.meta[k] for k in SAFE_META_KEYS if k in sample.meta}
+    meta.update(sample_id=sample.id, dataset=sample.dataset)
+    t0 = time.perf_counter()
+    result = engine.generate(sample.messages, prompt_ids=prompt_ids, method=drafter, max_new_tokens=max_new_tokens,
+                             budget=budget, tool_schemas=sample.tools, dialect=sample.dialect, request_meta=meta)
+    e2e = time.perf_counter() - t0
+    st = result.stats
+    return Run(result.tokens.astype(np.int64), {
+        "new_tokens": st.new_tokens,
+        "target_forwards": st.target_forwards,
+        "tau": st.tau,
+        "accepted_per_step": list(map(int, st.accepted_per_step)),
+        "prefill_s": st.prefill_s,
+        "decode_s": st.decode_s,
+        "e2e_s": e2e,
+        "draft_s": st.draft_s,
+    })
+
+
+class BenchMethod:
+    uses_sidecar = False
+
+    def __init__(self, name: str, shared: Shared):
+        self.name = name
+        self.shared = shared
+        self.threads = shared.cores.total  # the target's torch threads while this method runs
+
+    @property
+    def cores(self) -> str:
+        return str(self.threads)
+
+    @property
+    def cpu_threads(self) -> int:
+        """Every CPU thread this method uses (the target's, and its sidecar's)."""
+        return self.threads
+
+    def start(self) -> None:
+        pass
+
+    def run(self, sample, prompt_ids: np.ndarray, reference: Reference | None, max_new_tokens: int) -> Run:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class EngineMethod(BenchMethod):
+    """One of our drafters (`oospec.drafters.DRAFTERS`) through the engine, greedy."""
+
+    def make_drafter(self):
+        from oospec.drafters import make_drafter
+
+        return make_drafter(self.name)
+
+    def start(self) -> None:
+        self.drafter = self.make_drafter()
+
+    def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
+        cfg = self.shared.cfg
+        return generate(self.shared.engine, sample, prompt_ids, self.drafter, max_new_tokens, cfg.budget)
+
+
+class ArAtThreadsMethod(EngineMethod):
+    """`ar` with another number of cores than the run's total (`threads_of`)."""
+
+    def __init__(self, name: str, shared: Shared):
+        super().__init__(name, shared)
+        self.threads = self.threads_of(shared.cores)
+
+    def threads_of(self, cores: Cores) -> int:
+        raise NotImplementedError
+
+    def make_drafter(self):
+        from oospec.drafters import make_drafter
+
+        return make_drafter(REFERENCE)
+
+
+class AllCoresMethod(ArAtThreadsMethod):
+    """`ar` with every core of the machine, for reference."""
+
+    def threads_of(self, cores: Cores) -> int:
+        return cores.machine
+
+
+class TargetThreadsMethod(ArAtThreadsMethod):
+    """`ar` with the target's share of the cores only: the baseline of the secondary (target threads) column."""
+
+    def threads_of(self, cores: Cores) -> int:
+        return cores.target
+
+
+class OracleMethod(EngineMethod):
+    """Proposes `ar`'s own tokens as one chain of `budget` tokens: the ceiling of any drafter here."""
+
+    def make_drafter(self):
+        from oospec.drafters.oracle import OracleDrafter
+
+        return OracleDrafter()
+
+    def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
+        self.drafter.set_reference(reference.tokens)
+        return super().run(sample, prompt_ids, reference, max_new_tokens)
+
+
+class SidecarMethod(EngineMethod):
+    """A drafter with hints from the sidecar process: the target gets its share of the cores, the sidecar the rest.
+
+    The sidecar's caches (the encoded prompt, the name priors) are cleared before a run of an item it has just
+    served (for another method, or the warm-up): no method reuses the work another did on the same item."""
+
+    uses_sidecar = True
+    drafter_name = "sidecar"
+    wait_s = 0.0
+
+    def __init__(self, name: str, shared: Shared):
+        super().__init__(name, shared)
+        self.threads = shared.cores.target
+
+    @property
+    def cores(self) -> str:
+        return self.shared.cores.sidecar_label()
+
+    @property
+    def cpu_threads(self) -> int:
+        return self.shared.cores.total
+
+    def make_drafter(self):
+        from oospec.drafters import make_drafter
+
+        options = {"wait_s": self.wait_s} if self.wait_s else {}
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, **options)
+
+    def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
+        item = (sample.dataset, sample.id)
+        if self.shared.sidecar_last_item == item:
+            self.shared.sidecar.clear_cache()
+        self.shared.sidecar_last_item = item
+        run = super().run(sample, prompt_ids, reference, max_new_tokens)
+        report = dict(self.drafter.report)
+        text = self.shared.engine.tokenizer.decode(run.tokens, skip_special_tokens=True)
+        run.extra["sidecar"] = {**report, **sidecar_agreement(report, sample, text)}
+        return run
+
+
+class OoOSpecMethod(SidecarMethod):
+    drafter_name = "oospec"
+
+
+class OoOSpecWaitMethod(SidecarMethod):
+    """`oospec` whose target waits for the payload before its first draft (the wait counts in decode time): the
+    tau of hints always in time, as a sidecar on its own accelerator gives a target that outpaces a CPU one."""
+
+    drafter_name = "oospec"
+    wait_s = 120.0
+
+
+class HFMethod(BenchMethod):
+    """A Hugging Face peer, timed end to end; its decode time is that minus `ar`'s prefill on the sample."""
+
+    def __init__(self, name: str, shared: Shared):
+        super().__init__(name, shared)
+        self.peer = self.make_peer()  # one for the whole run: it keeps no state between samples
+
+    def make_peer(self) -> HFPeer:
+        return PromptLookupPeer(self.shared.engine)
+
+    def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
+        tokens, forwards, e2e = self.peer.generate(prompt_ids, max_new_tokens)
+        prefill = reference.prefill_s if reference is not None else 0.0
+        return Run(tokens, {
+            "new_tokens": int(tokens.size),
+            "target_forwards": forwards,
+            "tau": tokens.size / forwards if forwards else 0.0,
+            "accepted_per_step": None,
+            "prefill_s": prefill,  # ar's, on this sample (see the footnote)
+            "decode_s": max(0.0, e2e - prefill),
+            "e2e_s": e2e,
+            "draft_s": None,
+        })
+
+
+class HFAssistedMethod(HFMethod):
+    def make_peer(self) -> HFPeer:
+        shared, cfg = self.shared, self.shared.cfg
+        if shared.assistant_model is None:
+            from oospec.models.loading import load_model
+
+            shared.assistant_model, shared.assistant_tokenizer = load_model(cfg.assistant, dtype=cfg.dtype,
+                                                                            device=cfg.device)
+            optimize_like_target(shared.assistant_model, cfg.optimize)  # the target's CPU kernels
+        if shared.assistant_model is shared.engine.model:
+            raise BenchError("the assistant must be a separate model instance (its forwards would be counted "
+                             "as the target's)")
+        return AssistedPeer(shared.engine, shared.assistant_model, shared.assistant_tokenizer)
+
+
+ALL_CORES = "ar-all-cores"
+TARGET_THREADS = "ar-target-threads"
+ORACLE = "oracle"
+# Methods that are not a drafter of their own name; any other name in oospec.drafters.DRAFTERS is an EngineMethod.
+METHODS: dict[str, type[BenchMethod]] = {
+    ORACLE: OracleMethod,
+    ALL_CORES: AllCoresMethod,
+    TARGET_THREADS: TargetThreadsMethod,
+    "sidecar": SidecarMethod,
+    "oospec": OoOSpecMethod,
+    "oospec-wait": OoOSpecWaitMethod,
+    "hf-pld": HFMethod,
+    "hf-assisted": HFAssistedMethod,
+}
+AR_BASELINES = (REFERENCE, TARGET_THREADS, ALL_CORES)  # ar at some number of cores: the speed-ups' baselines
+
+
+def method_class(name: str) -> type[BenchMethod]:
+    return METHODS.get(name, EngineMethod)
+
+
+def known_methods() -> list[str]:
+    from oospec.drafters import DRAFTERS
+
+    return list(dict.fromkeys([REFERENCE, *DRAFTERS, *METHODS]))
+
+
+def parse_methods(methods: str | list[str]) -> list[str]:
+    """Method names in run order, `ar` first (added when missing: it is the reference)."""
+    items = methods.split(",") if isinstance(methods, str) else list(methods)
+    items = [m.strip() for m in items if m and m.strip()]
+    known = known_methods()
+    unknown = [m for m in items if m not in known]
+    if unknown:
+        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}")
+    return [REFERENCE] + [m for m in dict.fromkeys(items) if m != REFERENCE]
+
+
+def uses_sidecar(name: str) -> bool:
+    return method_class(name).uses_sidecar
+
+
+def build_methods(names: list[str], shared: Shared) -> list[BenchMethod]:
+    return [method_class(name)(name, shared) for name in names]
+
+
+def sidecar_agreement(report: dict, sample, text: str) -> dict:
+    """How the sidecar's payload compares with the call the target actually wrote."""
+    from oospec.sidecar.agreement import compare_call
+    from oospec.sidecar.protocol import Guess
+
+    no_call = bool(report.get("no_call"))
+    if not report.get("function") and not no_call:
+        return {}
+    try:
+        calls = sample.parse(text)
+    except Exception:
+        calls = []
+    if not calls or no_call:  # "no call" agrees with a target that wrote none, and only with that
+        agree = not calls and no_call
+        return {"function_match": agree, "slots_total": 0, "slots_matched": 0, "full_match": agree}
+    guesses = [Guess(report["function"], report.get("arguments") or {}),
+               *[Guess(g["function"], g.get("arguments") or {}) for g in report.get("alternatives", [])
+                 if isinstance(g, dict)]]
+    a = compare_call(guesses, calls[0])
+    return {"function_match": a.function_match, "function_in_payload": a.function_in_payload,
+            "slots_total": a.slots_total, "slots_matched": a.slots_matched, "full_match": a.full_match}

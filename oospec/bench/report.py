@@ -1,0 +1,298 @@
+"""The results of `oospec bench run`: per-method summaries, the markdown report, summary.json and the PNG."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from oospec.bench.hf_peers import PROMPT_LOOKUP_NUM_TOKENS
+from oospec.bench.methods import AR_BASELINES, ORACLE, REFERENCE
+
+# The fields of summary.json, per dataset and method (the rest of a summary row is for the report only).
+PUBLIC_FIELDS = ("n", "cores", "cpu_threads", "baseline", "tau", "decode_speedup", "e2e_speedup", "e2e_ratio_mean",
+                 "decode_speedup_target_threads", "e2e_speedup_target_threads", "oracle_fraction", "oracle_share",
+                 "identical_rate", "accuracy")
+
+
+def to_json(value):
+    """Floats rounded to 6 digits, inside dicts and lists."""
+    if isinstance(value, float):
+        return round(value, 6)
+    if isinstance(value, dict):
+        return {k: to_json(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [to_json(v) for v in value]
+    return value
+
+
+def _safe_div(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def summarize_sidecar(records: Sequence[dict]) -> dict:
+    """{dataset: {method: sidecar stats}} for methods that ran with a sidecar."""
+    out: dict[str, dict[str, dict]] = {}
+    for r in records:
+        sc = r.get("sidecar")
+        if not sc:
+            continue
+        out.setdefault(r["dataset"], {}).setdefault(r["method"], []).append(sc)
+    table: dict[str, dict[str, dict]] = {}
+    for ds, per_method in out.items():
+        for m, scs in per_method.items():
+            answered = [x for x in scs if x.get("function") or x.get("no_call")]
+            in_time = [x for x in answered if x.get("arrived")]
+            agree = [x for x in answered if "function_match" in x]
+            slots_total = sum(x.get("slots_total", 0) for x in agree)
+            table.setdefault(ds, {})[m] = {
+                "n": len(scs),
+                "answered": len(answered) / len(scs),
+                "in_time": len(in_time) / len(scs),
+                "latency_s": float(np.mean([x["latency_s"] for x in answered if x.get("latency_s")])) if answered else None,
+                "tokens_written_at_arrival": float(np.mean([x["tokens_written_at_arrival"] for x in in_time]))
+                if in_time else None,
+                "function_agreement": float(np.mean([x["function_match"] for x in agree])) if agree else None,
+                "function_in_payload": float(np.mean([x.get("function_in_payload", x["function_match"])
+                                                      for x in agree])) if agree else None,
+                "slot_agreement": sum(x.get("slots_matched", 0) for x in agree) / slots_total if slots_total else None,
+                "full_call_agreement": float(np.mean([x["full_match"] for x in agree])) if agree else None,
+                "payload_bytes": float(np.mean([x["payload_bytes"] for x in answered])) if answered else None,
+                "faults": sorted({x["fault"] for x in scs if x.get("fault")}),
+                "followups": sum(1 for x in scs if x.get("followup", {}).get("submitted")),
+                "followups_arrived": sum(1 for x in scs if x.get("followup", {}).get("arrived")),
+            }
+    return table
+
+
+def format_sidecar_table(rows: dict[str, dict]) -> str:
+    lines = ["| method | n | answered | in time | latency | tokens written at arrival "
+             "| function agreement (best, any branch) | slot agreement | full-call agreement | payload bytes "
+             "| follow-ups (arrived) | faults |",
+             "|" + "---|" * 12]
+    for m, r in rows.items():
+        lines.append(f"| {m} | {r['n']} | {_pct(r['answered'])} | {_pct(r['in_time'])} "
+                     f"| {_fmt(r['latency_s'], '.1f', ' s')} | {_fmt(r['tokens_written_at_arrival'], '.1f')} "
+                     f"| {_pct(r['function_agreement'])}, {_pct(r.get('function_in_payload'))} "
+                     f"| {_pct(r['slot_agreement'])} "
+                     f"| {_pct(r['full_call_agreement'])} | {_fmt(r['payload_bytes'], '.0f')} "
+                     f"| {r.get('followups', 0)} ({r.get('followups_arrived', 0)}) "
+                     f"| {', '.join(r['faults']) or 'none'} |")
+    return "\n".join(lines)
+
+
+def _baselines(per_method: dict[str, list[dict]]) -> dict[int, tuple[str, dict[str, dict]]]:
+    """{cpu threads: (method, {sample id: record})} of the `ar` runs, `ar` itself first among equals."""
+    out: dict[int, tuple[str, dict[str, dict]]] = {}
+    for m in AR_BASELINES:
+        recs = per_method.get(m, [])
+        if recs:
+            out.setdefault(recs[0].get("cpu_threads", 0), (m, {r["sample_id"]: r for r in recs}))
+    return out
+
+
+def _speedups(recs: list[dict], base: dict[str, dict]) -> tuple[float | None, float | None, float | None]:
+    """(decode, e2e, mean e2e ratio) of `recs` against the baseline records of the same samples."""
+    pairs = [(base[r["sample_id"]], r) for r in recs if r["sample_id"] in base]
+    if not pairs:
+        return None, None, None
+    ratios = [x["e2e_s"] / r["e2e_s"] for x, r in pairs if r["e2e_s"] > 0]
+    return (_safe_div(sum(x["decode_s"] for x, _ in pairs), sum(r["decode_s"] for _, r in pairs)),
+            _safe_div(sum(x["e2e_s"] for x, _ in pairs), sum(r["e2e_s"] for _, r in pairs)),
+            float(np.mean(ratios)) if ratios else None)
+
+
+def summarize(records: Sequence[dict], methods: Sequence[str], target_threads: int | None = None) -> dict:
+    """{dataset: {method: stats}}; speed-ups are ratios of summed times over the same samples, against `ar` on as
+    many CPU threads as the method used (equal cores; `baseline` names that run), and, secondary, against `ar`
+    with `target_threads` (the target's share of the cores when a sidecar runs beside it)."""
+    by_ds: dict[str, dict[str, list[dict]]] = {}
+    for r in records:
+        by_ds.setdefault(r["dataset"], {}).setdefault(r["method"], []).append(r)
+    summary: dict[str, dict[str, dict]] = {}
+    for ds, per_method in by_ds.items():
+        ref = {r["sample_id"]: r for r in per_method.get(REFERENCE, [])}
+        baselines = _baselines(per_method)
+        ref_threads = per_method[REFERENCE][0].get("cpu_threads", 0) if ref else 0
+        secondary = baselines.get(target_threads if target_threads is not None else ref_threads)
+        rows: dict[str, dict] = {}
+        for m in methods:
+            recs = [r for r in per_method.get(m, []) if r["sample_id"] in ref]
+            if not recs:
+                continue
+            base_name, base = baselines.get(recs[0].get("cpu_threads", 0), (REFERENCE, ref))
+            decode, e2e, ratio = _speedups(recs, base)
+            decode_t, e2e_t, _ = _speedups(recs, secondary[1]) if secondary else (None, None, None)
+            tok = sum(r["new_tokens"] for r in recs)
+            fwd = sum(r["target_forwards"] for r in recs)
+            scored = [r["accurate"] for r in recs if r["accurate"] is not None]
+            rows[m] = {
+                "n": len(recs),
+                "cores": recs[0].get("cores"),
+                "cpu_threads": recs[0].get("cpu_threads"),
+                "baseline": base_name,
+                "tau": _safe_div(tok, fwd),
+                "decode_speedup": decode,
+                "e2e_speedup": e2e,
+                "e2e_ratio_mean": ratio,
+                "decode_speedup_target_threads": decode_t,
+                "e2e_speedup_target_threads": e2e_t,
+                "oracle_fraction": None,
+                "oracle_share": None,
+                "identical_rate": float(np.mean([bool(r["identical"]) for r in recs])),
+                "accuracy": float(np.mean(scored)) if scored else None,
+                "new_tokens": tok,
+                "target_forwards": fwd,
+                "decode_s": sum(r["decode_s"] for r in recs),
+                "e2e_s": sum(r["e2e_s"] for r in recs),
+            }
+        oracle = rows.get(ORACLE, {}).get("decode_speedup")
+        for row in rows.values():
+            s = row["decode_speedup"]
+            if oracle is not None and s is not None and oracle > 1:
+                row["oracle_fraction"] = (s - 1) / (oracle - 1)
+                row["oracle_share"] = s / oracle
+        summary[ds] = rows
+    return summary
+
+
+def public_summary(summary: dict, sidecar: dict) -> dict:
+    """summary.json: {dataset: {method: PUBLIC_FIELDS, and the sidecar's stats for sidecar methods}}."""
+    public = {ds: {m: {k: r[k] for k in PUBLIC_FIELDS} for m, r in rows.items()} for ds, rows in summary.items()}
+    for ds, rows in sidecar.items():
+        for m, r in rows.items():
+            public[ds][m]["sidecar"] = r
+    return public
+
+
+def _fmt(x: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if x is None else f"{x:{spec}}{suffix}"
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:.0f}%"
+
+
+def format_table(rows: dict[str, dict]) -> str:
+    """One row per method; the target-threads column only when some method's baseline is not ar at those."""
+    secondary = any(r.get("decode_speedup_target_threads") != r["decode_speedup"] for r in rows.values())
+    head = ("| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | of oracle's speed-up "
+            "| oracle fraction | identical | accuracy |")
+    if secondary:
+        head += " decode speed-up vs ar at target threads |"
+    lines = [head, "|" + "---|" * (12 if secondary else 11)]
+    for m, r in rows.items():
+        line = (f"| {m} | {r.get('cores') or '–'} | {r['n']} | {_fmt(r['tau'])} "
+                f"| {_fmt(r['decode_speedup'], suffix='x')} | {_fmt(r['e2e_speedup'], suffix='x')} "
+                f"| {_fmt(r['e2e_ratio_mean'], suffix='x')} | {_pct(r.get('oracle_share'))} "
+                f"| {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} |")
+        if secondary:
+            line += f" {_fmt(r.get('decode_speedup_target_threads'), suffix='x')} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+FOOTNOTES = """\
+- tau: new tokens / target forwards, summed over samples (prefill counted as one forward; 1.00 for ar).
+  For hf-* the target forwards are counted with a forward hook on the target model (the assistant's own
+  forwards are not counted).
+- decode speed-up: sum of ar's decode times / sum of the method's, over the same samples (decode = after
+  the prefill forward), where ar ran on as many CPU cores as the method used (equal cores: a 1+1 sidecar
+  method against ar with 2 threads). e2e speed-up: the same with end-to-end times of the generate call
+  (prompt already tokenized). mean e2e ratio: mean over samples of ar e2e / method e2e.
+- decode speed-up vs ar at target threads (when a sidecar runs on the CPU): against ar with the target's
+  share of the cores only (ar-target-threads), as if the sidecar's cores were free.
+- hf-* peers are timed end to end only; their decode time is their e2e time minus the prefill time that
+  our `ar` measured on the same sample.
+- of oracle's speed-up: decode speed-up / oracle's decode speed-up. oracle fraction: the stricter share
+  of the gain, (speed-up - 1) / (oracle speed-up - 1); 100% = as fast as the oracle, 0% = no faster than
+  ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
+- identical: generated token ids equal to ar's. accuracy: the benchmark's call check on the decoded text.
+- cores: the target's torch threads, plus the sidecar's for methods that run one (it has its own process).
+  Every method gets the same total: a sidecar method splits it, every other method (toolspec, hf-* and
+  ar included) gives it all to the target (run.json `cores`).
+  oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before
+  its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
+  target that outpaces the CPU sidecar here.
+  ar-all-cores: ar with every core, for reference.
+- sidecar table: answered = a valid payload came back (perhaps after the request ended); in time = it
+  arrived while the target was still decoding, so its hints could be used; tokens written at arrival (of
+  those in time): 1.0 = before the first decode step (the sidecar ran during the prefill);
+  latency = from the request's start to the payload; agreement = payload vs the call the target wrote
+  (function: the best guess, and the best or an alternative branch; slots and full call: the guess for the
+  target's function, exact JSON equality, full call = every slot right and no extra slot), for the first
+  payload; follow-ups = requests where the target named a function no guess had, so the sidecar was asked
+  for that function's slots (arrived: before the request ended).
+"""
+
+
+def format_report(summary: dict, header: dict, divergences: Sequence[dict], sidecar: dict | None = None) -> str:
+    lines = ["# oospec bench run", ""]
+    lines.append(f"- command: `{header['command']}`")
+    mi = header["machine"]
+    lines.append(f"- machine: {mi['cpu']}, {mi['cores']} cores, torch threads {mi['torch_threads']}"
+                 + (f", GPU {mi['gpu']}" if mi.get("gpu") else ""))
+    lines.append(f"- target: {header['target']} ({header['dtype']}, {header['device']}, "
+                 f"kernels: {header['kernels']})")
+    if header.get("assistant"):
+        lines.append(f"- hf-assisted assistant: {header['assistant']}")
+    if header.get("sidecar"):
+        sc = header["sidecar"]
+        adapter = f" + {sc['adapter']} (weights sha256 {str(sc.get('adapter_sha256'))[:12]})" if sc.get("adapter") else ""
+        lines.append(f"- sidecar: {sc['model']}{adapter} on {sc['device']}, "
+                     f"{sc['threads']} thread(s), own process; target threads {header['target_threads']}")
+    cores = header.get("cores")
+    if cores:
+        lines.append(f"- cores: {cores['total']} per method (sidecar methods: {cores['target_threads_with_sidecar']} "
+                     f"target + {cores['sidecar_threads']} sidecar); machine {cores['machine_cores']}")
+    if header.get("trained_items"):
+        lines.append(f"- **WARNING: {len(header['trained_items'])} item(s) the sidecar adapter was trained on "
+                     f"(run with --allow-trained-items); see run.json `trained_items`**")
+    lines.append(f"- max_new_tokens {header['max_new_tokens']}, budget {header['budget']}, "
+                 f"hf-pld prompt_lookup_num_tokens {PROMPT_LOOKUP_NUM_TOKENS}")
+    lines.append(f"- software: torch {mi['torch']}, transformers {mi['transformers']}, python {mi['python']}")
+    lines.append(f"- started {header['started']}, took {header.get('elapsed_s', 0):.0f} s")
+    for ds, rows in summary.items():
+        lines += ["", f"## {ds}", "", format_table(rows)]
+        if sidecar and sidecar.get(ds):
+            lines += ["", "Sidecar:", "", format_sidecar_table(sidecar[ds])]
+    lines += ["", FOOTNOTES.rstrip()]
+    if divergences:
+        lines += ["", "## Outputs not identical to ar", "",
+                  "| dataset | sample | method | first differing position | ar token | method token |",
+                  "|---|---|---|---|---|---|"]
+        for d in divergences:
+            lines.append(f"| {d['dataset']} | {d['sample_id']} | {d['method']} | {d['first_diff']} "
+                         f"| {d['ar_token']} | {d['method_token']} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_speedup(summary: dict, methods: Sequence[str], path: Path, title: str | None = None) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    shown = [m for m in methods if m != REFERENCE]
+    datasets = list(summary)
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(datasets) * max(1, len(shown)) ** 0.5 + 2), 3.8))
+    width = 0.8 / max(1, len(shown))
+    x = np.arange(len(datasets))
+    for i, m in enumerate(shown):
+        vals = [summary[ds].get(m, {}).get("decode_speedup") or 0.0 for ds in datasets]
+        bars = ax.bar(x - 0.4 + width * (i + 0.5), vals, width, label=m)
+        for b, v in zip(bars, vals):
+            if v:
+                ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
+    top = max([1.0] + [summary[ds].get(m, {}).get("decode_speedup") or 0.0 for ds in datasets for m in shown])
+    ax.set_ylim(0, top * 1.3)  # room for the labels and the legend
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.set_xticks(x, datasets)
+    ax.set_ylabel("decode speed-up vs ar")
+    ax.legend(fontsize=8, ncol=min(4, max(1, len(shown))), loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
