@@ -44,9 +44,6 @@ WAIT_FOR_SIDECAR = "oospec-wait"
 ALL_CORES = "ar-all-cores"  # plain greedy decoding with every core, for reference when the target has fewer
 HF_METHODS = ("hf-pld", "hf-assisted")
 PROMPT_LOOKUP_NUM_TOKENS = 10
-# Sample metadata a drafter may see; everything else (gold answers, BFCL's possible answers, API-Bank's
-# source file names) stays out of the request so no drafter can peek at the answer.
-SAFE_META_KEYS = ("level", "split", "category", "api", "n_turns", "tools_in_prompt")
 
 
 class BenchError(OospecError):
@@ -364,26 +361,18 @@ def _accuracy(sample, text: str) -> tuple[bool | None, str | None]:
         return False, f"{type(exc).__name__}: {exc}"
 
 
-def _request_meta(sample) -> dict:
-    meta = {k: sample.meta[k] for k in SAFE_META_KEYS if k in sample.meta}
-    meta.update(sample_id=sample.id, dataset=sample.dataset)
-    return meta
-
-
-def run_engine_method(engine, sample, prompt_ids, drafter, cfg: BenchConfig, extra_meta: dict | None = None):
-    meta = _request_meta(sample)
-    if extra_meta:
-        meta.update(extra_meta)
+def run_engine_method(engine, sample, prompt_ids, drafter, cfg: BenchConfig):
     t0 = time.perf_counter()
     result = engine.generate(
         sample.messages,
         prompt_ids=prompt_ids,
-        method=drafter,
+        drafter=drafter,
         max_new_tokens=cfg.max_new_tokens,
         budget=cfg.budget,
         tool_schemas=sample.tools,
         dialect=sample.dialect,
-        request_meta=meta,
+        # The only sample metadata a drafter sees: gold answers and source files stay out of the request.
+        tools_in_prompt=sample.meta.get("tools_in_prompt"),
     )
     e2e = time.perf_counter() - t0
     st = result.stats
@@ -777,7 +766,7 @@ def _run_benchmark(cfg: BenchConfig, engine, assistant_model, assistant_tokenize
                     rec = {"dataset": label, "sample_id": sample.id, "method": m, "cores": cores(m), **stats,
                            "identical": diff is None, "accurate": accurate, "text": text}
                     if m in SIDECAR_METHODS:
-                        report = dict(drafters[m].report)
+                        report = drafters[m].report.as_dict()
                         rec["sidecar"] = {**report, **sidecar_agreement(report, sample, text)}
                     if diff is not None:
                         rec["first_diff"] = diff

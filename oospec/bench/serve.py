@@ -182,7 +182,7 @@ def run(args) -> dict:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     configs = [Config(m, reuse) for m in methods for reuse in (False, True)]
     engine = Engine.from_pretrained(args.target, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
-    engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
+    engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
     print(f"dialogue {name}: {len(turns)} turns; target {args.target}; configs: "
           f"{', '.join(c.label for c in configs)}", file=sys.stderr)
     sidecar = None

@@ -96,7 +96,7 @@ def build_service(args):
         torch.set_num_threads(args.threads)
     engine = Engine.from_pretrained(args.target, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
     if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
-        engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
+        engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
     drafter, sidecar = make_server_drafter(args.method, args.sidecar, args.sidecar_threads, args.sidecar_device,
                                            args.sidecar_adapter)
     config = ServerConfig(
