@@ -51,7 +51,7 @@ def random_model(preset_or_config: str, dtype: torch.dtype = torch.float32, devi
             p.normal_(0.0, 0.02, generator=gen)
         for module in model.modules():  # rotary inverse frequencies are buffers: recompute them from the config
             if hasattr(module, "inv_freq"):
-                fresh = type(module)(config=config, device=device)
+                fresh = type(module)(config=config)  # on the CPU; copy_ moves the values to `device`
                 for buf in ("inv_freq", "original_inv_freq"):
                     if hasattr(module, buf) and hasattr(fresh, buf):
                         getattr(module, buf).copy_(getattr(fresh, buf))
