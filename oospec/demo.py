@@ -51,15 +51,15 @@ def _demo(console, engine, model, method, sidecar, sample_index, warmup_samples,
     for i, past in enumerate(history, 1):
         console.print(f"[dim]earlier call {i}/{len(history)} of the session ({past.id})...[/]")
         engine.generate(past.messages, tools=past.chat_tools(), tool_schemas=past.tools, dialect=past.dialect,
-                        method=drafter, max_new_tokens=max_new_tokens)
+                        drafter=drafter, max_new_tokens=max_new_tokens)
     question = next(m["content"] for m in reversed(sample.messages) if m["role"] == "user")
     console.print(f"\n[bold]request[/] ({sample.id}, {len(sample.tools)} tools in the system prompt):")
     console.print(question.strip()[-600:], markup=False)
     results = {}
-    for name, how in (("ar", "ar"), (method, drafter)):
+    for name, how in (("ar", None), (method, drafter)):
         console.print(f"[dim]decoding with {name}...[/]")
         results[name] = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                                        dialect=sample.dialect, method=how, max_new_tokens=max_new_tokens)
+                                        dialect=sample.dialect, drafter=how, max_new_tokens=max_new_tokens)
     base, fast = results["ar"], results[method]
     for name, res in results.items():
         console.print(f"\n[bold]{name}[/] wrote:")
@@ -79,25 +79,25 @@ def _demo(console, engine, model, method, sidecar, sample_index, warmup_samples,
     calls = sample.parse(fast.text)
     if calls:
         console.print(f"parsed call: {calls[0].name}({calls[0].arguments})", markup=False)
-    report = getattr(drafter, "report", None)
-    if report:
-        if report.get("function"):
-            payload = {"function": report["function"], "arguments": report["arguments"],
-                       "alternatives": report.get("alternatives", [])}
-            when = ("before the target's first decode step" if report.get("tokens_written_at_arrival") == 1
-                    else f"after {report.get('tokens_written_at_arrival')} tokens" if report.get("arrived")
+    report = getattr(drafter, "report", None)  # a SidecarReport (oospec.drafters.sidecar)
+    if report is not None:
+        if report.function:
+            payload = {"function": report.function, "arguments": report.arguments,
+                       "alternatives": report.alternatives or []}
+            when = ("before the target's first decode step" if report.tokens_written_at_arrival == 1
+                    else f"after {report.tokens_written_at_arrival} tokens" if report.arrived
                     else "after the target had finished")
-            console.print(f"\n[bold]sidecar payload[/] ({report['payload_bytes']} bytes, computed in "
-                          f"{report['compute_s']:.1f} s, arrived {when}):")
+            console.print(f"\n[bold]sidecar payload[/] ({report.payload_bytes} bytes, computed in "
+                          f"{report.compute_s:.1f} s, arrived {when}):")
             console.print(json.dumps(payload, ensure_ascii=False), markup=False)
-            if report.get("followup"):
-                f = report["followup"]
-                console.print(f"the target chose {f['function']}: its slots were asked for after "
-                              f"{f['tokens_written_at_submit']} tokens"
-                              + (f" and arrived after {f['tokens_written_at_arrival']}" if f.get("arrived") else ""))
-        elif report.get("no_call"):
-            console.print(f"\n[bold]sidecar[/]: expects no call (call probability {report['call_probability']:.2f})")
+            if report.followup:
+                f = report.followup
+                console.print(f"the target chose {f.function}: its slots were asked for after "
+                              f"{f.tokens_written_at_submit} tokens"
+                              + (f" and arrived after {f.tokens_written_at_arrival}" if f.arrived else ""))
+        elif report.no_call:
+            console.print(f"\n[bold]sidecar[/]: expects no call (call probability {report.call_probability:.2f})")
         else:
-            console.print(f"\n[bold]sidecar[/]: no payload ({report.get('fault') or 'none arrived in time'}); "
+            console.print(f"\n[bold]sidecar[/]: no payload ({report.fault or 'none arrived in time'}); "
                           "decoding went on without hints")
     return identical

@@ -1,34 +1,41 @@
-"""Drafters built to break lossless decoding: random, empty, huge, decoy-laden and past-the-end trees."""
+"""Drafters built to break lossless decoding: random, empty, huge, decoy-laden and past-the-end trees.
+
+A drafter proposes candidates (oospec.engine.drafting); a tree is proposed as the root path of every node,
+in node order, which the engine's trie rebuilds (siblings with the same token become one node)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from oospec.drafters.base import Drafter, Request
+from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.engine.tree import ROOT, TokenTree
+
+
+def tree_candidates(tree: TokenTree) -> list[Candidate]:
+    return [Candidate(tree.tokens[tree.path_to(i)]) for i in range(len(tree))]
 
 
 class RandomTreeDrafter(Drafter):
     name = "random-tree"
 
-    def __init__(self, vocab: int, seed: int, max_nodes: int | None = None):
+    def __init__(self, vocab: int, seed: int, max_nodes: int = 64):
         self.vocab, self.rng, self.max_nodes = vocab, np.random.default_rng(seed), max_nodes
 
-    def propose(self, context, budget):
-        n = int(self.rng.integers(0, min(budget, self.max_nodes or budget) + 1))
+    def candidates(self, context):
+        n = int(self.rng.integers(0, self.max_nodes + 1))
         parents = np.array([self.rng.integers(ROOT, i) if i else ROOT for i in range(n)], dtype=np.int32)
-        return TokenTree(self.rng.integers(0, self.vocab, n), parents)
+        return tree_candidates(TokenTree(self.rng.integers(0, self.vocab, n), parents))
 
 
 class HugeTreeDrafter(RandomTreeDrafter):
-    """Always the whole budget (hundreds of nodes), mostly wide and shallow, with a few deep chains."""
+    """More nodes than any budget (hundreds), mostly wide and shallow, with a few deep chains."""
 
     name = "huge-tree"
 
-    def propose(self, context, budget):
-        n = budget
+    def candidates(self, context):
+        n = 512
         parents = np.where(self.rng.random(n) < 0.5, ROOT, np.arange(-1, n - 1))
-        return TokenTree(self.rng.integers(0, self.vocab, n), parents.astype(np.int32))
+        return tree_candidates(TokenTree(self.rng.integers(0, self.vocab, n), parents.astype(np.int32)))
 
 
 class DecoyOracleDrafter(Drafter):
@@ -45,7 +52,7 @@ class DecoyOracleDrafter(Drafter):
     def start(self, request: Request) -> None:
         self.prompt_len = request.prompt_ids.size
 
-    def propose(self, context, budget):
+    def candidates(self, context):
         done = context.size - self.prompt_len  # tokens produced, the pending one included
         truth = self.reference[done : done + self.depth]
         tail = self.rng.integers(0, self.vocab, self.depth - truth.size)  # past the end of the reference
@@ -58,7 +65,7 @@ class DecoyOracleDrafter(Drafter):
                 seqs.append(wrong)
         self.rng.shuffle(seqs)
         seqs.insert(int(self.rng.integers(0, len(seqs) + 1)), truth)
-        return TokenTree.from_sequences(seqs, budget)
+        return [Candidate(seq) for seq in seqs]
 
 
 class RepeatDrafter(Drafter):
@@ -66,8 +73,8 @@ class RepeatDrafter(Drafter):
 
     name = "repeat"
 
-    def propose(self, context, budget):
-        return TokenTree.chain(context[-min(budget, 8) :])
+    def candidates(self, context):
+        return [Candidate(context[-8:])]
 
 
 class EmptyDrafter(Drafter):

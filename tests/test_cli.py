@@ -7,6 +7,7 @@ import pytest
 from conftest import tiny_model
 
 from oospec.cli import main
+from oospec.drafters import make_drafter
 from oospec.engine.engine import Engine, validate_messages
 from oospec.errors import ContextLengthError, InvalidMessagesError
 
@@ -72,14 +73,14 @@ def test_prompt_longer_than_context():
     engine = Engine(model, FakeTokenizer())
     too_long = np.arange(model.config.max_position_embeddings + 5) % 300
     with pytest.raises(ContextLengthError, match="context"):
-        engine.generate(prompt_ids=too_long, method="ar", max_new_tokens=4)
+        engine.generate(prompt_ids=too_long, max_new_tokens=4)
 
 
 def test_max_new_tokens_capped_by_context():
     model = tiny_model("llama")
     engine = Engine(model, FakeTokenizer())
     prompt = np.arange(model.config.max_position_embeddings - 3) % 300
-    out = engine.generate(prompt_ids=prompt, method="pld", max_new_tokens=50)
+    out = engine.generate(prompt_ids=prompt, drafter=make_drafter("pld"), max_new_tokens=50)
     assert out.stats.new_tokens == 3
 
 

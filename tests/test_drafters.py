@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 
 from oospec.drafters import make_drafter
-from oospec.drafters.base import Candidate, Request
+from oospec.engine.drafting import Candidate, Request, build_tree
 from oospec.drafters.pld import lookup_continuations
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
-from oospec.engine.budget import CostModel, build_tree
-from oospec.engine.tree import ROOT, TokenTree
+from oospec.engine.budget import CostModel
+from oospec.engine.tree import ROOT
 from oospec.tools.callscan import CallScanner, Habits, structure_continuations
 from oospec.tools.schema import Param, Tool
 
@@ -43,7 +43,7 @@ def simulate(drafter, tokenizer, text, runs=2, tools=TOOLS, dialect="apibank", e
         ctx, i, steps = list(prompt) + ids[:1], 1, 1
         drafter.observe(np.array(ids[:1]))
         while i < len(ids):
-            tree = drafter.propose(np.array(ctx), 32)
+            tree = build_tree(drafter.candidates(np.array(ctx)), 32, drafter.cost)
             parent, j = ROOT, i
             while j < len(ids):
                 nxt = [k for k in range(len(tree)) if tree.parents[k] == parent and tree.tokens[k] == ids[j]]
@@ -132,7 +132,7 @@ def test_build_tree_respects_budget_and_cost():
 
 def test_pld_finds_most_recent_longest_match():
     ctx = np.array([1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 5, 1, 2, 3])
-    found = lookup_continuations(ctx, max_ngram=3, min_ngram=1, draft_len=2, max_branches=2)
+    found = lookup_continuations(ctx, ctx, max_ngram=3, min_ngram=1, draft_len=2, max_results=2)
     assert found[0][1] == 3 and found[0][0].tolist() == [7, 7]
     assert found[1][0].tolist() == [9, 9]
 
@@ -149,7 +149,7 @@ def test_retrieval_memory_persists(tmp_path, tokenizer):
 
 
 def test_tree_pruned_keeps_tree_shape():
-    tree = TokenTree.from_sequences([[1, 2, 3, 4], [1, 5, 6], [7]], budget=10)
+    tree = build_tree([Candidate(np.array(s)) for s in ([1, 2, 3, 4], [1, 5, 6], [7])], budget=10)
     pruned = tree.pruned(budget=4, max_depth=2)
     assert len(pruned) == 4 and pruned.max_depth == 2
     assert np.all(pruned.parents < np.arange(len(pruned)))

@@ -6,7 +6,7 @@ from adversarial import DecoyOracleDrafter, EmptyDrafter, HugeTreeDrafter, Rando
 from conftest import greedy_reference
 
 from oospec.drafters import make_drafter
-from oospec.drafters.base import Request
+from oospec.engine.drafting import Request
 from oospec.engine.decode import generate
 from oospec.engine.target import TargetBackend
 

@@ -7,7 +7,7 @@ from adversarial import DecoyOracleDrafter, RandomTreeDrafter
 from conftest import greedy_reference
 
 from oospec.drafters import make_drafter
-from oospec.drafters.base import Request
+from oospec.engine.drafting import Request
 from oospec.engine.decode import generate
 from oospec.engine.prefix_cache import PrefixCache, common_prefix_length
 from oospec.engine.sampling import sample
@@ -42,10 +42,12 @@ def conversation(seed=0, turns=4):
 
 def test_common_prefix_length():
     a = np.array([1, 2, 3, 4])
-    assert common_prefix_length(a, np.array([1, 2, 9])) == 2
-    assert common_prefix_length(a, a[:2]) == 2
-    assert common_prefix_length(a, np.array([7])) == 0
-    assert common_prefix_length(a, np.array([], dtype=np.int64)) == 0
+    assert common_prefix_length([a, np.array([1, 2, 9])]) == 2
+    assert common_prefix_length([a, a[:2]]) == 2
+    assert common_prefix_length([a, np.array([7])]) == 0
+    assert common_prefix_length([a, np.array([], dtype=np.int64)]) == 0
+    assert common_prefix_length([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2  # token lists, several rows
+    assert common_prefix_length([[1], [2]]) == 0
 
 
 @pytest.mark.parametrize("method", ["ar", "pld", "random", "oracle"])
@@ -177,9 +179,9 @@ def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar():
     drafter = make_drafter("toolspec")
     for i, sample_ in enumerate(turns[:3]):
         prompt = engine.encode(sample_.messages)
-        fast = engine.generate(sample_.messages, prompt_ids=prompt, method=drafter, max_new_tokens=40,
+        fast = engine.generate(sample_.messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=40,
                                tool_schemas=sample_.tools, dialect=sample_.dialect, prefix_cache=cache)
-        cold = engine.generate(prompt_ids=prompt, method="ar", max_new_tokens=40)
+        cold = engine.generate(prompt_ids=prompt, max_new_tokens=40)
         assert np.array_equal(fast.tokens, cold.tokens), f"turn {i}"
         if i:
             assert fast.stats.prompt_tokens_reused > prompt.size // 2

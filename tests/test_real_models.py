@@ -35,7 +35,7 @@ def check_engine(engine, chats, max_new, extra_drafters=True):
             drafters += [RandomTreeDrafter(vocab, i), HugeTreeDrafter(vocab, i), RepeatDrafter(),
                          DecoyOracleDrafter(reference, vocab, i)]
         for drafter in drafters:
-            out = engine.generate(prompt_ids=prompt, method=drafter, max_new_tokens=max_new, budget=24)
+            out = engine.generate(prompt_ids=prompt, drafter=drafter, max_new_tokens=max_new, budget=24)
             assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on chat {i}"
 
 
@@ -53,13 +53,13 @@ def test_smollm2_tool_drafters_on_apibank_match_greedy(smol):
         prompt = smol.encode(sample.messages, sample.chat_tools())
         reference = greedy_reference(smol.model, prompt, 64, eos_ids=smol.eos_ids)
         for drafter in drafters:
-            out = smol.generate(prompt_ids=prompt, method=drafter, max_new_tokens=64, budget=16,
+            out = smol.generate(prompt_ids=prompt, drafter=drafter, max_new_tokens=64, budget=16,
                                 tool_schemas=sample.tools, dialect=sample.dialect)
             assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on {sample.id}"
 
 
 def test_smollm2_text_is_sensible(smol):
-    out = smol.generate(CHATS[0], method="pld", max_new_tokens=24)
+    out = smol.generate(CHATS[0], drafter=make_drafter("pld"), max_new_tokens=24)
     assert "4" in out.text
     assert out.stats.new_tokens <= 24
 

@@ -185,7 +185,7 @@ def check_against_greedy(engine, resp, tool_names, forced_function=None, forced_
     """The reply is the target's cold greedy continuation of the prompt the server built, and its message is
     exactly what parsing that text gives."""
     prompt, completion = ids_of(resp)
-    reference = engine.generate(prompt_ids=prompt, method="ar", max_new_tokens=int(completion.size)).tokens
+    reference = engine.generate(prompt_ids=prompt, max_new_tokens=int(completion.size)).tokens
     assert np.array_equal(completion, reference)
     text = forced_text + engine.tokenizer.decode(completion, skip_special_tokens=True)
     content, calls = parse_reply(text, tool_names, get_dialect("hermes"), forced_function)
@@ -446,7 +446,7 @@ def test_method_oospec_reports_the_sidecar_and_stays_identical(engine):
     assert report["submitted"] and report["function"] == "get_weather" and report["arguments"] == {"city": "Paris"}
     assert resp.choices[0].message.tool_calls[0].function.name == "get_weather"
     prompt, completion = ids_of(resp)
-    assert np.array_equal(completion, engine.generate(prompt_ids=prompt, method="ar",
+    assert np.array_equal(completion, engine.generate(prompt_ids=prompt,
                                                       max_new_tokens=int(completion.size)).tokens)
     # SmolLM2's template has no tools: they reached the sidecar inside the system message, not as chat_tools
     job = sidecar.jobs[-1]

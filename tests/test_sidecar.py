@@ -18,10 +18,10 @@ import torch
 
 from oospec.drafters import make_drafter
 from oospec.drafters.schema import SchemaDrafter
-from oospec.drafters.sidecar import SidecarDrafter
+from oospec.drafters.sidecar import SidecarDrafter, SidecarReport
 from oospec.sidecar import SidecarClient
-from oospec.sidecar.predictor import Job, RowRunner, SidecarPredictor, common_prefix_len, parse_value
-from oospec.sidecar.protocol import Guess, Payload, PayloadError, encode_payload, parse_payload
+from oospec.sidecar.predictor import RowRunner, SidecarPredictor, parse_value
+from oospec.sidecar.protocol import Guess, Job, Payload, PayloadError, encode_payload, parse_payload
 from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import to_openai, tools_from_openai
 
@@ -124,7 +124,7 @@ class CharTokenizer:
 
 
 def drafter_after(text: str, guesses, dialect="hermes", slots=None):
-    from oospec.drafters.base import Request
+    from oospec.engine.drafting import Request
 
     schema = SchemaDrafter()
     drafter = SidecarDrafter(InstantSidecar(guesses, slots), schema=schema)
@@ -193,25 +193,26 @@ def test_target_choosing_another_function_asks_for_its_slots():
     drafter, texts = drafter_after('<tool_call>\n{"name": "get_time", ', [GOOD], slots={"get_time": {"zone": "CET"}})
     follow_up = drafter.sidecar.jobs[-1]
     assert follow_up.function == "get_time" and follow_up.messages == drafter.sidecar.jobs[0].messages
-    assert drafter.report["followup"]["function"] == "get_time"
+    assert drafter.report.followup.function == "get_time"
     written = np.array([ord(c) for c in '<tool_call>\n{"name": "get_time", '], dtype=np.int64)
     texts = ["".join(map(chr, c.tokens)) for c in drafter.candidates(np.concatenate([[ord("x")], written]))]
-    assert texts == ['"arguments": {"zone": "CET"}}' + END] and drafter.report["followup"]["arrived"]
+    assert texts == ['"arguments": {"zone": "CET"}}' + END] and drafter.report.followup.arrived
     assert len(drafter.sidecar.jobs) == 2  # asked once
     # The sidecar expected no call: nothing is drafted from it, until the target names a function after all.
     drafter, texts = drafter_after('<tool_call>\n{"name": "get_', [])
-    assert texts == [] and drafter.report["no_call"] and len(drafter.sidecar.jobs) == 1
+    assert texts == [] and drafter.report.no_call and len(drafter.sidecar.jobs) == 1
     drafter, _ = drafter_after('<tool_call>\n{"name": "get_time", ', [], slots={"get_time": {"zone": "CET"}})
     assert drafter.sidecar.jobs[-1].function == "get_time"
     # A function that is one of the guesses, or no tool at all, asks nothing more.
     for name in ("get_weather", "no_such_tool"):
         drafter, _ = drafter_after(f'<tool_call>\n{{"name": "{name}", ', [GOOD], slots={"get_time": {"zone": "CET"}})
-        assert len(drafter.sidecar.jobs) == 1 and "followup" not in drafter.report
+        assert len(drafter.sidecar.jobs) == 1 and drafter.report.followup is None
 
 
 def test_no_payload_no_candidates():
     drafter, texts = drafter_after('<tool_call>\n{"name": "', None)
-    assert texts == [] and drafter.report == {"submitted": True}
+    assert texts == [] and drafter.report == SidecarReport(submitted=True)
+    assert drafter.report.as_dict() == {"submitted": True}
 
 
 # -- the predictor -----------------------------------------------------------------------------------------
@@ -268,11 +269,6 @@ def test_function_choice_greedy_path_or_whole_name():
                                                               (1, pytest.approx(-0.6))]
     with pytest.raises(ValueError, match="rank_by"):
         SidecarPredictor(None, None, rank_by="best")
-
-
-def test_common_prefix_len():
-    assert common_prefix_len([[1, 2, 3], [1, 2, 4], [1, 2]]) == 2
-    assert common_prefix_len([[1], [2]]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -332,7 +328,7 @@ def apibank_case(smol_engine):
 
     sample = load_dataset("apibank", split="1", limit=2)[1]
     prompt = smol_engine.encode(sample.messages, sample.chat_tools())
-    ref = smol_engine.generate(prompt_ids=prompt, method="ar", max_new_tokens=56)
+    ref = smol_engine.generate(prompt_ids=prompt, max_new_tokens=56)
     m = re.search(r'"name": "(\w+)", "parameters": \{(.*)', ref.text, re.S)
     assert m, ref.text
     args = dict(re.findall(r'"(\w+)": "([^"]*)"', m.group(2)))
@@ -345,7 +341,7 @@ def fake_client(**options) -> SidecarClient:
 
 
 def generate(engine, sample, prompt, drafter, max_new_tokens=56):
-    return engine.generate(sample.messages, prompt_ids=prompt, method=drafter, max_new_tokens=max_new_tokens,
+    return engine.generate(sample.messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=max_new_tokens,
                            tool_schemas=sample.tools, dialect=sample.dialect)
 
 
@@ -356,7 +352,7 @@ def test_good_hint_is_faster_and_identical(smol_engine, apibank_case):
     out = generate(smol_engine, sample, prompt, drafter)
     assert np.array_equal(out.tokens, ref) and np.array_equal(toolspec.tokens, ref)
     assert out.stats.target_forwards <= toolspec.stats.target_forwards
-    assert drafter.report["arrived"] and drafter.report["tokens_written_at_arrival"] == 1
+    assert drafter.report.arrived and drafter.report.tokens_written_at_arrival == 1
     # The hints alone (no schema, retrieval or lookup drafts) carry most of the call.
     hints_only = generate(smol_engine, sample, prompt, make_drafter("sidecar", sidecar=InstantSidecar([guess])))
     nothing = generate(smol_engine, sample, prompt, make_drafter("sidecar", sidecar=InstantSidecar(None)))
@@ -385,7 +381,7 @@ def test_wrong_function_is_corrected_by_a_follow_up(smol_engine, apibank_case):
     drafter = make_drafter("oospec", sidecar=InstantSidecar([Guess(other, {})], slots={guess.function: guess.arguments}))
     out = generate(smol_engine, sample, prompt, drafter)
     assert np.array_equal(out.tokens, ref) and np.array_equal(wrong_only.tokens, ref)
-    assert drafter.report["followup"]["function"] == guess.function and drafter.report["followup"]["arrived"]
+    assert drafter.report.followup.function == guess.function and drafter.report.followup.arrived
     assert out.stats.target_forwards < wrong_only.stats.target_forwards, out.stats.accepted_per_step
 
 
@@ -397,12 +393,12 @@ def test_real_sidecar_process_end_to_end(smol_engine, apibank_case):
         out = generate(smol_engine, sample, prompt, drafter)
         assert np.array_equal(out.tokens, ref)
         deadline = time.time() + 60
-        while drafter.report.get("function") is None and time.time() < deadline:
+        while drafter.report.function is None and time.time() < deadline:
             drafter.finish()  # collects an answer that arrives after the target finished
             time.sleep(0.2)
         report = drafter.report
-        assert report["function"] in {t.name for t in sample.tools}
-        assert report["payload_bytes"] > 20 and report["compute_s"] > 0
+        assert report.function in {t.name for t in sample.tools}
+        assert report.payload_bytes > 20 and report.compute_s > 0
         job = client.stats.submitted
         assert job == 1 and client.stats.faults.get("crashed") is None
 
@@ -447,7 +443,7 @@ def engine_generate(engine, prompt, drafter, sample, messages, wait_for=None, ma
                 time.sleep(0.05)
         drafter.start = start
     try:
-        return engine.generate(messages, prompt_ids=prompt, method=drafter, max_new_tokens=max_new_tokens,
+        return engine.generate(messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=max_new_tokens,
                                tool_schemas=sample.tools, dialect=sample.dialect)
     finally:
         if wait_for is not None:
@@ -497,7 +493,7 @@ def test_answer_after_the_target_finished(smol_engine, apibank_case):
         drafter = make_drafter("oospec", sidecar=client)
         out = generate(smol_engine, sample, prompt, drafter, max_new_tokens=4)
         assert np.array_equal(out.tokens, ref[:4])
-        assert not drafter.report.get("arrived")
+        assert not drafter.report.arrived
         first = drafter.sidecar_drafter.ticket
         time.sleep(6.5)
         out = generate(smol_engine, sample, prompt, drafter)  # the stale answer must not be used here
@@ -521,12 +517,12 @@ def test_waiting_for_a_slow_sidecar(smol_engine, apibank_case):
     out = generate(smol_engine, sample, prompt, drafter)
     assert np.array_equal(out.tokens, ref)
     report = drafter.report
-    assert report["arrived"] and report["tokens_written_at_arrival"] == 1 and 0 < report["waited_s"] < 30
+    assert report.arrived and report.tokens_written_at_arrival == 1 and 0 < report.waited_s < 30
     # A sidecar that fails is not waited for past its fault.
     with fake_client(mode="raise") as client:
         drafter = make_drafter("oospec", sidecar=client, wait_s=30)
         out = generate(smol_engine, sample, prompt, drafter)
-        assert np.array_equal(out.tokens, ref) and drafter.report["waited_s"] < 20
+        assert np.array_equal(out.tokens, ref) and drafter.report.waited_s < 20
 
 
 def test_sidecar_that_cannot_load(smol_engine, apibank_case, caplog):

@@ -95,22 +95,22 @@ def test_ranking_loss_scores_names_as_the_predictor_does(smol):
 
     from oospec.sidecar.predictor import SidecarPredictor
     from oospec.tools.schema import tools_from_openai
-    from oospec.training.lora import _cache_kw, encode_rows, request_loss, supervised_tokens
+    from oospec.training.lora import encode_rows, request_loss, supervised_tokens
 
     model, tok = smol
     trace = _trace()
     fmt = TaskFormat(tok)
     enc = encode_rows(rows_for(trace, fmt), fmt, 4096)
     with torch.no_grad():
-        loss = request_loss(model, enc, _cache_kw(model))
+        loss = request_loss(model, enc)
     predictor = SidecarPredictor(model, tok)
     job = job_for(trace)
     tools = tools_from_openai(trace["tools"])
     prompt = fmt.prompt(job)
     rows = [fmt.encode(prompt + fmt.function_row(job, t.name)) for t in tools]
-    from oospec.sidecar.predictor import common_prefix_len
+    from oospec.engine.prefix_cache import common_prefix_length
 
-    shared = common_prefix_len(rows)
+    shared = common_prefix_length(rows)
     predictor.runner.encode_prefix(rows[0][:shared])
     logprobs, _ = predictor.runner.run([r[shared:] for r in rows], keep_all_logits=True)
     totals = np.array([lp.sum() for lp in logprobs])
@@ -188,7 +188,7 @@ def test_traces_are_the_teachers_greedy_calls_and_resume(tmp_path):
     assert sorted(t["id"] for t in traces) == sorted(s.id for s in samples)
     for sample in samples:
         ar = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                             dialect=sample.dialect, method="ar", max_new_tokens=12)
+                             dialect=sample.dialect, max_new_tokens=12)
         assert next(t for t in traces if t["id"] == sample.id)["text"] == ar.text
     assert len(read_traces(path)) == 2 and np.all([t["messages"] for t in traces])
 

@@ -20,51 +20,6 @@ from oospec.engine.tree import TokenTree
 
 DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64)
 
-# Configurations for random-initialised stand-ins of models too big to download here; timing does not
-# depend on weight values, so these give the cost curve of the real model on any device.
-ARCH_PRESETS: dict[str, dict] = {
-    "qwen2.5-7b": dict(
-        model_type="qwen2", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, vocab_size=152064, max_position_embeddings=32768, rope_theta=1e6,
-        tie_word_embeddings=False, rms_norm_eps=1e-6,
-    ),
-    "qwen2.5-1.5b": dict(
-        model_type="qwen2", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-        tie_word_embeddings=True, rms_norm_eps=1e-6,
-    ),
-    "qwen2.5-0.5b": dict(
-        model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6,
-        tie_word_embeddings=True, rms_norm_eps=1e-6,
-    ),
-}
-
-
-def random_model(preset_or_config: str, dtype: torch.dtype, device: str) -> torch.nn.Module:
-    """A model of the given architecture with random weights (uninitialised memory is enough for timing,
-    but it is filled with small normal values so no NaN can take a slow path)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    if preset_or_config in ARCH_PRESETS:
-        spec = dict(ARCH_PRESETS[preset_or_config])
-        config = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    else:
-        config = AutoConfig.from_pretrained(preset_or_config)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model = model.to_empty(device=device)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02)
-    for module in model.modules():  # rotary frequencies are buffers: rebuild them as the model's own init does
-        if hasattr(module, "inv_freq") and hasattr(module, "rope_init_fn"):
-            fresh = type(module)(config=config, device=device)
-            for attr in ("inv_freq", "original_inv_freq"):
-                if hasattr(module, attr) and hasattr(fresh, attr):
-                    getattr(module, attr).copy_(getattr(fresh, attr))
-    return model.eval()
-
 
 def measure(model: torch.nn.Module, prompt_len: int = 580, ks=DEFAULT_KS, repeats: int = 5, seed: int = 0) -> dict:
     vocab = model.config.vocab_size

@@ -34,10 +34,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from oospec.bench.cost_curve import ARCH_PRESETS
 from oospec.engine.cpu_kernels import PackedLinear, optimize_for_cpu
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree
+from oospec.models.random_init import random_model
 
 _HZ = os.sysconf("SC_CLK_TCK")
 
@@ -189,33 +189,7 @@ def build(args):
         model = AutoModelForCausalLM.from_pretrained(os.path.expanduser(args.model), dtype=torch.float32,
                                                      attn_implementation="sdpa")
         return model.eval().requires_grad_(False)
-    return random_model(args.model)
-
-
-def random_model(preset: str):
-    """A float32 model of a preset architecture with random weights, built in seconds: parameters are
-    allocated uninitialised (meta device, then `to_empty`) and filled with small normal values; timing
-    does not depend on weight values."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    spec = dict(ARCH_PRESETS[preset])
-    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
-    model = model.to_empty(device="cpu")
-    if config.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight  # to_empty unties shared parameters
-    gen = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.02, generator=gen)
-        for name, module in model.named_modules():  # rotary inverse frequencies: recompute from the config
-            if hasattr(module, "inv_freq"):
-                fresh = type(module)(config=config)
-                for buf in ("inv_freq", "original_inv_freq"):
-                    if hasattr(module, buf):
-                        getattr(module, buf).copy_(getattr(fresh, buf))
-    return model.eval().requires_grad_(False)
+    return random_model(args.model, attn_implementation="sdpa")
 
 
 class Bench:
@@ -240,7 +214,7 @@ class Bench:
         ids = torch.as_tensor(np.concatenate([[self.pending], tree.tokens])).view(1, -1)
         pos = torch.as_tensor(np.concatenate([[start], start + tree.depths])).view(1, -1)
         return t.model(input_ids=ids, position_ids=pos, attention_mask=t._tree_mask(tree, start), use_cache=True,
-                       **{t._cache_kw: t._cache}).logits[0]
+                       cache=t._cache).logits[0]
 
 
 def section_curve(args, timer, var: Variants, bench: Bench, ks) -> dict:

@@ -21,9 +21,6 @@ from oospec.bench.config import BenchConfig, BenchError, Cores
 from oospec.bench.hf_peers import AssistedPeer, HFPeer, PromptLookupPeer, optimize_like_target
 
 REFERENCE = "ar"
-# Sample metadata a drafter may see; everything else (gold answers, BFCL's possible answers, API-Bank's
-# source file names) stays out of the request so no drafter can peek at the answer.
-SAFE_META_KEYS = ("level", "split", "category", "api", "n_turns", "tools_in_prompt")
 
 
 @dataclass
@@ -56,11 +53,11 @@ class Shared:
 
 def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, budget: int) -> Run:
     """The one call of Engine.generate in the benchmark."""
-    meta = {k: sample.meta[k] for k in SAFE_META_KEYS if k in sample.meta}
-    meta.update(sample_id=sample.id, dataset=sample.dataset)
     t0 = time.perf_counter()
-    result = engine.generate(sample.messages, prompt_ids=prompt_ids, method=drafter, max_new_tokens=max_new_tokens,
-                             budget=budget, tool_schemas=sample.tools, dialect=sample.dialect, request_meta=meta)
+    # The only sample metadata a drafter sees: gold answers and source files stay out of the request.
+    result = engine.generate(sample.messages, prompt_ids=prompt_ids, drafter=drafter, max_new_tokens=max_new_tokens,
+                             budget=budget, tool_schemas=sample.tools, dialect=sample.dialect,
+                             tools_in_prompt=sample.meta.get("tools_in_prompt"))
     e2e = time.perf_counter() - t0
     st = result.stats
     return Run(result.tokens.astype(np.int64), {
@@ -195,7 +192,7 @@ class SidecarMethod(EngineMethod):
             self.shared.sidecar.clear_cache()
         self.shared.sidecar_last_item = item
         run = super().run(sample, prompt_ids, reference, max_new_tokens)
-        report = dict(self.drafter.report)
+        report = self.drafter.report.as_dict()
         text = self.shared.engine.tokenizer.decode(run.tokens, skip_special_tokens=True)
         run.extra["sidecar"] = {**report, **sidecar_agreement(report, sample, text)}
         return run

@@ -21,7 +21,9 @@ def cmd_bench_cost_curve(args) -> None:
     if args.random_init:
         dtype = {"auto": torch.bfloat16 if args.device.startswith("cuda") else torch.float32,
                  "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
-        model = cost_curve.random_model(args.random_init, dtype, args.device)
+        from oospec.models.random_init import random_model
+
+        model = random_model(args.random_init, dtype, args.device)
         model.config._name_or_path = f"random:{args.random_init}"
     else:
         from oospec.models.loading import load_model

@@ -30,11 +30,11 @@ def cmd_generate(args) -> None:
 
         sidecar = options["sidecar"] = make_sidecar(sidecar_settings(args))
     try:
-        method = make_drafter(args.method, **options)
+        drafter = make_drafter(args.method, **options)
     except ValueError as exc:
         raise OospecError(str(exc)) from None
     try:
-        result = engine.generate(messages, tools=tools, method=method, max_new_tokens=args.max_new_tokens,
+        result = engine.generate(messages, tools=tools, drafter=drafter, max_new_tokens=args.max_new_tokens,
                                  budget=args.budget)
     finally:
         if sidecar is not None:

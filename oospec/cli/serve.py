@@ -69,7 +69,7 @@ def build_service(args):
     set_threads(args.threads)
     engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
     if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
-        engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
+        engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
     drafter, sidecar = make_server_drafter(args)
     config = ServerConfig(
         model_name=args.served_model_name or args.model,

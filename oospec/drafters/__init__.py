@@ -1,19 +1,18 @@
-"""Drafters, one module each, looked up by method name."""
+"""Drafters, one module each, looked up by method name (the contract they implement: oospec.engine.drafting)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from oospec.drafters.ar import AutoregressiveDrafter
-from oospec.drafters.base import Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar import OoOSpecDrafter, SidecarDrafter
 from oospec.drafters.toolspec import ToolSpecDrafter
+from oospec.engine.drafting import Drafter
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
-    "ar": AutoregressiveDrafter,
+    "ar": Drafter,  # no drafts: plain greedy decoding through the same loop, the baseline of every method
     "pld": PromptLookupDrafter,
     "schema": SchemaDrafter,
     "retrieval": RetrievalDrafter,
@@ -32,4 +31,4 @@ def make_drafter(method: str, **options) -> Drafter:
     return factory(**options)
 
 
-__all__ = ["DRAFTERS", "SIDECAR_DRAFTERS", "Drafter", "Request", "make_drafter"]
+__all__ = ["DRAFTERS", "SIDECAR_DRAFTERS", "make_drafter"]

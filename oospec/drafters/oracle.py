@@ -1,4 +1,4 @@
-"""`oracle`: drafts the exact greedy output it was given, as one chain as long as the budget allows.
+"""`oracle`: drafts the exact greedy output it was given, as one chain (the budget cuts it).
 
 It knows the answer (the `ar` reference tokens of the same request), so every draft token is accepted and
 each forward verifies `budget` tokens: the ceiling any drafter can reach on this hardware, given what a
@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from oospec.drafters.base import Drafter, Request
-from oospec.engine.tree import TokenTree
-
-META_KEY = "reference_tokens"
+from oospec.engine.drafting import Candidate, Drafter, Request
 
 
 class OracleDrafter(Drafter):
-    """Proposes `reference[i : i + budget]` where i is the number of tokens already produced.
+    """Proposes `reference[i:]` where i is the number of tokens already produced (the engine keeps the first
+    `budget` of them: one chain, earliest first).
 
-    The reference is set with `set_reference` before each request, or passed in the request's
-    ``meta["reference_tokens"]``. Without one it proposes nothing (plain autoregressive decoding).
+    The reference is set with `set_reference` before each request, or given as the request's
+    `reference_tokens`. Without one it proposes nothing (plain autoregressive decoding).
     """
 
     name = "oracle"
@@ -34,21 +32,21 @@ class OracleDrafter(Drafter):
         self._next_reference = np.asarray(tokens, dtype=np.int64).reshape(-1)
 
     def start(self, request: Request) -> None:
-        ref = request.meta.get(META_KEY) if request.meta else None
+        ref = request.reference_tokens
         if ref is None:
             ref = self._next_reference
         self._reference = np.zeros(0, dtype=np.int64) if ref is None else np.asarray(ref, dtype=np.int64).reshape(-1)
         self._prompt_len = int(np.asarray(request.prompt_ids).size)
 
-    def propose(self, context: np.ndarray, budget: int) -> TokenTree:
+    def candidates(self, context: np.ndarray) -> list[Candidate]:
         produced = context.size - self._prompt_len  # the last produced token is the pending one
         # The pending token is reference[produced - 1]; the tokens after it are the draft, if the past agrees.
         if produced < 1 or produced > self._reference.size:
-            return TokenTree.empty()
+            return []
         if not np.array_equal(context[self._prompt_len :], self._reference[:produced]):
-            return TokenTree.empty()  # the output left the reference: nothing left to know
-        draft = self._reference[produced : produced + budget]
-        return TokenTree.chain(draft) if draft.size else TokenTree.empty()
+            return []  # the output left the reference: nothing left to know
+        draft = self._reference[produced:]
+        return [Candidate(draft, 1.0, 1.0)] if draft.size else []
 
     def finish(self) -> None:
         self._next_reference = None

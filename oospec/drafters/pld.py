@@ -9,30 +9,30 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from oospec.drafters.base import Candidate, Drafter, Request
+from oospec.engine.drafting import Candidate, Drafter, Request
 
 
-def lookup_continuations(
-    context: np.ndarray, max_ngram: int, min_ngram: int, draft_len: int, max_branches: int
-) -> list[tuple[np.ndarray, int]]:
-    """(continuation, matched n-gram length) after the most recent earlier occurrences of the context's
-    suffix, longest n-gram first."""
-    n_ctx = context.size
+def lookup_continuations(corpus: np.ndarray, query: np.ndarray, *, max_ngram: int, min_ngram: int = 1,
+                         draft_len: int, max_results: int, latest_first: bool = True) -> list[tuple[np.ndarray, int]]:
+    """(continuation, n) for occurrences in `corpus` of the last n tokens of `query` that have something
+    after them: longest n first, then the latest (or earliest) occurrences, distinct continuations only.
+
+    Prompt lookup searches the context for its own suffix (corpus and query are the same array: windows
+    end before the last token, so the suffix never matches itself); retrieval searches past outputs."""
     found: list[tuple[np.ndarray, int]] = []
     seen: set[bytes] = set()
-    for n in range(min(max_ngram, n_ctx - 1), min_ngram - 1, -1):
-        suffix = context[n_ctx - n :]
-        # Windows that start early enough to have at least one token after them, not the suffix itself.
-        windows = sliding_window_view(context[: n_ctx - 1], n)
-        starts = np.flatnonzero((windows == suffix).all(axis=1))
-        for start in starts[::-1]:
-            cont = context[start + n : start + n + draft_len]
+    for n in range(min(max_ngram, query.size, corpus.size - 1), min_ngram - 1, -1):
+        # Windows that start early enough to have at least one token after them.
+        windows = sliding_window_view(corpus[:-1], n)
+        starts = np.flatnonzero((windows == query[-n:]).all(axis=1))
+        for start in starts[::-1] if latest_first else starts:
+            cont = corpus[start + n : start + n + draft_len]
             key = cont.tobytes()
             if key in seen:
                 continue
             seen.add(key)
             found.append((cont, n))
-            if len(found) >= max_branches:
+            if len(found) >= max_results:
                 return found
     return found
 
@@ -51,7 +51,8 @@ class PromptLookupDrafter(Drafter):
         self._eos = np.fromiter(request.eos_ids, dtype=np.int64)
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
-        found = lookup_continuations(context, self.max_ngram, self.min_ngram, self.draft_len, self.max_branches)
+        found = lookup_continuations(context, context, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
+                                     draft_len=self.draft_len, max_results=self.max_branches)
         # Longer matched n-grams come first and are more trustworthy; later branches are fallbacks.
         return [Candidate(cut_at_eos(c, self._eos), min(0.8, 0.15 + 0.15 * n) / (1 + i), 0.85)
                 for i, (c, n) in enumerate(found)]

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 
-from oospec.drafters.base import Candidate, Drafter, Request
+from oospec.drafters.pld import lookup_continuations
+from oospec.engine.drafting import Candidate, Drafter, Request
 
 _WORD = re.compile(r"[A-Za-z0-9_]+")
 
@@ -112,9 +112,9 @@ class RetrievalDrafter(Drafter):
             return []
         found: list[tuple[float, np.ndarray]] = []
         for sim, ids in self.corpus:
-            best = self._lookup(ids, written)
-            if best is not None:
-                n, cont = best
+            # The longest suffix of what is written that this past output contains, at its first occurrence.
+            for cont, n in lookup_continuations(ids, written, max_ngram=self.max_ngram, draft_len=self.draft_len,
+                                                max_results=1, latest_first=False):
                 found.append((min(0.9, 0.25 + 0.1 * n) * (0.5 + 0.5 * sim), cont))
         found.sort(key=lambda x: -x[0])
         out, seen = [], set()
@@ -126,14 +126,3 @@ class RetrievalDrafter(Drafter):
             if len(out) >= self.max_branches:
                 break
         return out
-
-    def _lookup(self, ids: np.ndarray, written: np.ndarray) -> tuple[int, np.ndarray] | None:
-        """The longest suffix of `written` found in `ids` with something after it; (length, continuation)."""
-        for n in range(written.size, 0, -1):
-            if ids.size <= n:
-                continue
-            hits = np.flatnonzero((sliding_window_view(ids[:-1], n) == written[-n:]).all(axis=1))
-            if hits.size:
-                start = int(hits[0]) + n
-                return n, ids[start : start + self.draft_len]
-        return None

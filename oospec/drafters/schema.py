@@ -11,7 +11,7 @@ import codecs
 
 import numpy as np
 
-from oospec.drafters.base import Candidate, Drafter, Request
+from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.tools.callscan import CallScanner, Continuation, Habits, ValueSource, structure_continuations
 from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai

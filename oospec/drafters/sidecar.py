@@ -17,21 +17,68 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
 
-from oospec.drafters.base import Candidate, Drafter, Request
+from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
-from oospec.sidecar.predictor import Job
-from oospec.sidecar.protocol import Guess, Payload
+from oospec.sidecar.protocol import Guess, Job, Payload
 from oospec.tools.callscan import CallScanner
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Tool, to_openai
+
+
+@dataclass
+class FollowUpReport:
+    """The second job of a request: the slots of the function the target chose when no guess had it."""
+
+    function: str
+    submitted: bool
+    tokens_written_at_submit: int
+    arrived: bool | None = None  # True once its payload came back while the target was writing
+    tokens_written_at_arrival: int | None = None
+    arguments: dict | None = None
+    compute_s: float | None = None
+
+
+@dataclass
+class SidecarReport:
+    """What became of one request's sidecar job. Fields left None were never recorded (e.g. `arrived` is None
+    when no payload came back at all, False when it came only after the target had finished)."""
+
+    submitted: bool = False
+    waited_s: float | None = None  # wait_s > 0: how long the target waited for the payload at its first draft
+    fault: str | None = None  # why no payload came (a SidecarClient fault kind)
+    arrived: bool | None = None
+    tokens_written_at_arrival: int | None = None
+    latency_s: float | None = None  # from submit to the sidecar's finish
+    compute_s: float | None = None  # the sidecar's own time
+    payload_bytes: int | None = None
+    function: str | None = None  # the best guess; None with no_call True: the sidecar expects no call
+    arguments: dict | None = None
+    no_call: bool | None = None
+    call_probability: float | None = None
+    alternatives: list[dict] | None = None  # [{"function", "arguments"}] of the other guesses
+    dropped: list[str] | None = None  # slots the payload check removed
+    followup: FollowUpReport | None = None
+
+    def as_dict(self) -> dict:
+        """The recorded fields as plain JSON-ready data (benchmark records, server stats)."""
+        return _recorded(self)
+
+
+def _recorded(report) -> dict:
+    out = {}
+    for f in fields(report):
+        value = getattr(report, f.name)
+        if value is not None:
+            out[f.name] = _recorded(value) if is_dataclass(value) else value
+    return out
 
 
 class SidecarDrafter(Drafter):
@@ -54,7 +101,7 @@ class SidecarDrafter(Drafter):
         self.alternative_confidence = alternative_confidence
         self.ticket = None
         self.payload: Payload | None = None
-        self.report: dict = {}
+        self.report = SidecarReport()
 
     # -- request lifecycle ---------------------------------------------------------------------------------
     def start(self, request: Request) -> None:
@@ -66,7 +113,7 @@ class SidecarDrafter(Drafter):
         self.ticket = None
         self.followup = None  # the ticket asking for the slots of the function the target chose instead
         self.guesses: list[Guess] = []
-        self.report = {"submitted": False}
+        self.report = SidecarReport()
         self.hinted: dict[str, Tool] = {}  # the guessed functions, each once
         self.tool_names = frozenset(t.name for t in self.schema.tools) if self.schema.active else frozenset()
         if self.sidecar is None or not self.schema.active:
@@ -77,8 +124,8 @@ class SidecarDrafter(Drafter):
         # Hints are rendered in the target's learned whitespace (the style the schema drafter's scanner learns).
         self.render = CallRenderer(habits.style, habits.args_key or dialect.args_key)
         opener = habits.openers[0] if habits.openers else dialect.opener
-        chat_tools = request.meta.get("chat_tools")
-        in_prompt = request.meta.get("tools_in_prompt", dialect.name == "apibank")
+        chat_tools = request.chat_tools
+        in_prompt = request.tools_in_prompt if request.tools_in_prompt is not None else dialect.name == "apibank"
         if chat_tools is None and not in_prompt:  # the tools went through the chat template: so for the sidecar
             chat_tools = [to_openai(t) for t in tools]
         self.job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),
@@ -87,7 +134,7 @@ class SidecarDrafter(Drafter):
                        openers=list(dict.fromkeys(habits.openers + list(dialect.openers))))
         self.submitted_at = time.time()
         self.ticket = self.sidecar.submit(self.job, tools)
-        self.report["submitted"] = self.ticket is not None
+        self.report.submitted = self.ticket is not None
 
     def observe(self, produced: np.ndarray) -> None:
         if self._owns_schema:
@@ -98,31 +145,31 @@ class SidecarDrafter(Drafter):
             self.schema.finish()
         if self.ticket is not None and self.payload is None:
             payload = self.sidecar.poll(self.ticket)  # an answer that came too late is still reported
-            self.report["fault"] = getattr(self.ticket, "fault", None)
+            self.report.fault = getattr(self.ticket, "fault", None)
             if payload is not None:
                 self._record_arrival(payload, tokens_written=None)
 
     def _record_arrival(self, payload: Payload, tokens_written: int | None) -> None:
-        self.report.update(
-            arrived=tokens_written is not None, tokens_written_at_arrival=tokens_written,
-            latency_s=round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None,
-            compute_s=payload.compute_s, payload_bytes=payload.size_bytes,
-            function=payload.best.function if payload.best else None,
-            arguments=payload.best.arguments if payload.best else None,
-            no_call=payload.best is None, call_probability=payload.call_probability,
-            alternatives=[{"function": g.function, "arguments": g.arguments} for g in payload.alternatives],
-            dropped=list(payload.dropped))
+        report = self.report
+        report.arrived, report.tokens_written_at_arrival = tokens_written is not None, tokens_written
+        report.latency_s = round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None
+        report.compute_s, report.payload_bytes = payload.compute_s, payload.size_bytes
+        report.function = payload.best.function if payload.best else None
+        report.arguments = payload.best.arguments if payload.best else None
+        report.no_call, report.call_probability = payload.best is None, payload.call_probability
+        report.alternatives = [{"function": g.function, "arguments": g.arguments} for g in payload.alternatives]
+        report.dropped = list(payload.dropped)
 
     def _poll(self, context: np.ndarray) -> Payload | None:
         if self.payload is None and self.ticket is not None:
             payload = self.sidecar.poll(self.ticket)
-            if self.wait_s > 0 and "waited_s" not in self.report:
+            if self.wait_s > 0 and self.report.waited_s is None:
                 t0 = time.perf_counter()
                 while payload is None and getattr(self.ticket, "fault", None) is None \
                         and time.perf_counter() - t0 < self.wait_s:
                     time.sleep(0.005)
                     payload = self.sidecar.poll(self.ticket)
-                self.report["waited_s"] = round(time.perf_counter() - t0, 4)
+                self.report.waited_s = round(time.perf_counter() - t0, 4)
             if payload is not None:
                 self.payload = payload
                 self._record_arrival(payload, int(context.size) - self.prompt_len)
@@ -147,16 +194,17 @@ class SidecarDrafter(Drafter):
                 return
             job = replace(self.job, request_id=f"{self.job.request_id}/{name}", function=name)
             self.followup = self.sidecar.submit(job, self.schema.tools)
-            self.report["followup"] = {"function": name, "submitted": self.followup is not None,
-                                       "tokens_written_at_submit": int(context.size) - self.prompt_len}
+            self.report.followup = FollowUpReport(name, self.followup is not None,
+                                                  int(context.size) - self.prompt_len)
             return
-        info = self.report["followup"]
-        if "arrived" in info or self.followup is None:
+        info = self.report.followup
+        if info.arrived or self.followup is None:
             return
         payload = self.sidecar.poll(self.followup)
         if payload is not None:
-            info.update(arrived=True, tokens_written_at_arrival=int(context.size) - self.prompt_len,
-                        arguments=payload.best.arguments if payload.best else None, compute_s=payload.compute_s)
+            info.arrived, info.tokens_written_at_arrival = True, int(context.size) - self.prompt_len
+            info.arguments = payload.best.arguments if payload.best else None
+            info.compute_s = payload.compute_s
             self._add_guesses(payload.guesses[:1])
 
     # -- drafting ------------------------------------------------------------------------------------------
@@ -256,5 +304,5 @@ class OoOSpecDrafter(MergedDrafter):
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
 
     @property
-    def report(self) -> dict:
+    def report(self) -> SidecarReport:
         return self.sidecar_drafter.report

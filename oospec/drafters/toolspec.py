@@ -8,16 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from oospec.drafters.base import Drafter, Request
+from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
-from oospec.engine.budget import CostModel, build_tree, default_cost_model
-from oospec.engine.tree import TokenTree
+from oospec.engine.budget import CostModel, default_cost_model
 
 
 class MergedDrafter(Drafter):
-    """Several drafters proposing into one tree under a cost-aware budget."""
+    """Several drafters proposing into one tree under a cost-aware budget: their candidates, concatenated,
+    ranked by acceptance weight (`cost` set)."""
 
     name = "merged"
 
@@ -32,9 +32,8 @@ class MergedDrafter(Drafter):
         for part in self.parts:
             part.start(request)
 
-    def propose(self, context: np.ndarray, budget: int) -> TokenTree:
-        candidates = [c for part in self.parts for c in part.candidates(context)]
-        return build_tree(candidates, budget, self.cost)
+    def candidates(self, context: np.ndarray) -> list[Candidate]:
+        return [c for part in self.parts for c in part.candidates(context)]
 
     def observe(self, produced: np.ndarray) -> None:
         for part in self.parts:

@@ -9,14 +9,11 @@ wide; on this CPU a 64-token forward costs several single-token ones and trees s
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from oospec.drafters.base import Candidate
-from oospec.engine.tree import ROOT, TokenTree
 
 # c(k)/c(1) of Qwen2.5-Coder-1.5B, float32, 2 AVX2 cores, optimised kernels, 580-token cached prompt, as
 # measured by `python -m oospec.bench.kernel_study` (oospec/bench/cost_curve_study.md). Serving hardware
@@ -63,45 +60,3 @@ def default_cost_model() -> CostModel:
     import torch
 
     return CostModel.from_curve(ONE_THREAD_CPU_CURVE if torch.get_num_threads() == 1 else DEFAULT_CPU_CURVE)
-
-
-def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None) -> TokenTree:
-    """Merge candidates into one trie, keep the nodes most likely to be accepted, as many as pay off."""
-    tokens: list[int] = []
-    parents: list[int] = []
-    weights: list[float] = []
-    index: dict[tuple[int, int], int] = {}
-    for cand in candidates:
-        parent = ROOT
-        for tok, w in zip(cand.tokens.tolist(), cand.weights().tolist()):
-            node = index.get((parent, tok))
-            if node is None:
-                node = index[(parent, tok)] = len(tokens)
-                tokens.append(tok)
-                parents.append(parent)
-                weights.append(w)
-            elif w > weights[node]:
-                weights[node] = w
-            parent = node
-    if not tokens:
-        return TokenTree.empty()
-    w = np.asarray(weights)
-    # A child never outweighs its parent along one candidate, but a child seen in a stronger candidate can
-    # outweigh a parent shared with weaker ones: cap each weight by its parent's so ranking stays a tree.
-    par = np.asarray(parents)
-    for i in range(w.size):
-        if par[i] != ROOT and w[i] > w[par[i]]:
-            w[i] = w[par[i]]
-    order = np.lexsort((np.arange(w.size), -w))  # heaviest first, parents before children on ties
-    n_max = min(budget, w.size)
-    if cost is None:
-        n = n_max
-    else:
-        gain = 1.0 + np.concatenate([[0.0], np.cumsum(w[order[:n_max]])])
-        n = int(np.argmax(gain / cost.cost(np.arange(1, n_max + 2))))
-    keep = np.sort(order[:n])
-    remap = np.full(w.size, ROOT, dtype=np.int64)
-    remap[keep] = np.arange(keep.size)
-    kept_parents = par[keep]
-    new_parents = np.where(kept_parents == ROOT, ROOT, remap[np.maximum(kept_parents, 0)])
-    return TokenTree(np.asarray(tokens, dtype=np.int64)[keep], new_parents)

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oospec.drafters.base import Drafter, Request
 from oospec.engine.acceptance import greedy_accept
+from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree
@@ -114,7 +114,10 @@ def generate(
             remaining = max_new_tokens - (n - p)
             # 2. Propose: a tree below the pending token, no deeper than the tokens still wanted.
             t_draft = time.perf_counter()
-            tree = drafter.propose(seq[:n], budget).pruned(budget, remaining - 1) if remaining > 1 else TokenTree.empty()
+            if remaining > 1:
+                tree = build_tree(drafter.candidates(seq[:n]), budget, drafter.cost).pruned(budget, remaining - 1)
+            else:
+                tree = TokenTree.empty()
             stats.draft_s += time.perf_counter() - t_draft
             # 3. Verify: one target forward over the pending token and every node.
             choice = target.verify(pending, tree)

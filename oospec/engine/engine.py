@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from oospec.drafters import Drafter, Request, make_drafter
 from oospec.engine.decode import Generation, OnTokens, generate
+from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
 from oospec.engine.target import TargetBackend
@@ -104,12 +104,14 @@ class Engine:
         *,
         prompt_ids: np.ndarray | None = None,
         tools: list[dict] | None = None,
-        method: str | Drafter = "pld",
+        drafter: Drafter | None = None,
         max_new_tokens: int = 256,
         budget: int | None = None,
         tool_schemas: list | None = None,
         dialect: str | None = None,
-        request_meta: dict | None = None,
+        chat_tools: list[dict] | None = None,
+        tools_in_prompt: bool | None = None,
+        reference_tokens: np.ndarray | None = None,
         prefix_cache: PrefixCache | None = None,
         on_tokens: OnTokens | None = None,
         temperature: float = 0.0,
@@ -120,10 +122,12 @@ class Engine:
 
         tools: OpenAI-style tools passed to the chat template. tool_schemas: the tools as drafters should see
         them (oospec.tools.schema.Tool), for prompts that describe tools in prose; defaults to `tools`.
+        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding.
         dialect: how the target writes calls (see oospec.tools.dialects); default hermes when tools are given.
+        chat_tools, tools_in_prompt, reference_tokens: what drafters may know beyond the messages (see Request).
         prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
         on_tokens: called with the tokens of each step as they are accepted; returning True stops generation.
-        temperature > 0: ordinary sampling, one forward per token, no drafting (`method` is not used).
+        temperature > 0: ordinary sampling, one forward per token, no drafting (`drafter` is not used).
         """
         if prompt_ids is None:
             if messages is None:
@@ -143,14 +147,15 @@ class Engine:
             messages=messages,
             tools=tool_schemas if tool_schemas is not None else tools,
             dialect=dialect,
-            meta=request_meta or {},
+            chat_tools=chat_tools,
+            tools_in_prompt=tools_in_prompt,
+            reference_tokens=reference_tokens,
         )
         if temperature > 0:
             gen = sample(self.target, request, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          prefix_cache=prefix_cache, on_tokens=on_tokens)
         else:
-            drafter = make_drafter(method) if isinstance(method, str) else method
-            gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget,
-                           prefix_cache=prefix_cache, on_tokens=on_tokens)
+            gen = generate(self.target, drafter if drafter is not None else Drafter(), request, max_new_tokens,
+                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))

@@ -15,6 +15,7 @@ random-initialised models and SmolLM2-135M; see tests/test_prefix_cache.py for w
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,10 +55,17 @@ class PrefixCacheStats:
         }
 
 
-def common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.size, b.size)
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+def common_prefix_length(rows: Sequence[Sequence[int] | np.ndarray]) -> int:
+    """How many leading tokens all `rows` (lists or arrays of token ids) share."""
+    n = min(len(r) for r in rows)
+    if n == 0:
+        return 0
+    first = np.asarray(rows[0][:n])
+    for row in rows[1:]:
+        differ = np.flatnonzero(np.asarray(row[:n]) != first[:n])
+        if differ.size:
+            n = int(differ[0])
+    return n
 
 
 class PrefixCache:
@@ -85,7 +93,7 @@ class PrefixCache:
         self.stats.prompt_tokens += int(prompt.size)
         best_key, best = None, 0
         for key, entry in self._entries.items():
-            n = common_prefix_length(entry.tokens, prompt)
+            n = common_prefix_length([entry.tokens, prompt])
             if n > best:
                 best_key, best = key, n
         best = min(best, prompt.size - 1)
@@ -106,7 +114,7 @@ class PrefixCache:
             return
         tokens = np.array(tokens[:n], dtype=np.int64)
         for key, entry in list(self._entries.items()):
-            shared = common_prefix_length(entry.tokens, tokens)
+            shared = common_prefix_length([entry.tokens, tokens])
             if shared == n:  # already held by a longer (or equal) entry
                 self._entries.move_to_end(key)
                 return

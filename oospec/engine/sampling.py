@@ -11,8 +11,8 @@ import time
 import numpy as np
 import torch
 
-from oospec.drafters.base import Request
 from oospec.engine.decode import Generation, GenerationStats, OnTokens, check_fits
+from oospec.engine.drafting import Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree

@@ -8,8 +8,6 @@ are simply overwritten by the next step, so rejection costs nothing and the cach
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -28,12 +26,24 @@ class SlotLayer(CacheLayerMixin):
         self.capacity = capacity
         self.length = 0
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor, rows: int | None = None) -> None:
+        """Allocate the buffers for `rows` sequences (default: as many as key_states has) shaped like the states."""
         b, h, _, d = key_states.shape
         self.device = key_states.device
-        self.keys = key_states.new_empty((b, h, self.capacity, d))
-        self.values = value_states.new_empty((b, value_states.shape[1], self.capacity, value_states.shape[-1]))
+        self.keys = key_states.new_empty((rows or b, h, self.capacity, d))
+        self.values = value_states.new_empty((rows or b, value_states.shape[1], self.capacity, value_states.shape[-1]))
         self.is_initialized = True
+
+    def load(self, keys: torch.Tensor, values: torch.Tensor, n: int, rows: int | None = None) -> None:
+        """Make the first `n` slots a copy of keys[:, :, :n] and values[:, :, :n] and commit them: a cached
+        prefix copied into this layer. rows: sequences in the buffer (a batch-1 prefix is copied into each);
+        the buffers are allocated first if they are missing or hold another number of rows."""
+        rows = rows or keys.shape[0]
+        if not self.is_initialized or self.keys.shape[0] != rows:
+            self.lazy_initialization(keys, values, rows)
+        self.keys[:, :, :n] = keys[:, :, :n]
+        self.values[:, :, :n] = values[:, :, :n]
+        self.length = n
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
@@ -72,9 +82,6 @@ class TargetBackend:
         self._layers: list[SlotLayer] = []
         self._cache: Cache | None = None
         self._neg = torch.finfo(self.dtype).min
-        # transformers 5.x renamed `past_key_values` to `cache`; accept both releases.
-        params = inspect.signature(model.forward).parameters
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     @property
     def length(self) -> int:
@@ -107,7 +114,7 @@ class TargetBackend:
         ids = torch.as_tensor(prompt_ids[start:], dtype=torch.long, device=self.device).view(1, n)
         positions = torch.arange(start, start + n, device=self.device).view(1, n)
         out = self.model(
-            input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, **{self._cache_kw: self._cache}
+            input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=1, cache=self._cache
         )
         self._keep(None, n)
         return out.logits[0, -1]
@@ -136,7 +143,7 @@ class TargetBackend:
             position_ids=pos,
             attention_mask=self._tree_mask(tree, start),
             use_cache=True,
-            **{self._cache_kw: self._cache},
+            cache=self._cache,
         )
         return out.logits[0]
 
@@ -172,11 +179,7 @@ class TargetBackend:
         if len(kv) != len(self._layers) or n > self._layers[0].capacity:
             raise ValueError(f"a {len(kv)}-layer prefix of {n} slots does not fit this cache")
         for layer, (keys, values) in zip(self._layers, kv):
-            if not layer.is_initialized:
-                layer.lazy_initialization(keys, values)
-            layer.keys[:, :, :n] = keys[:, :, :n]
-            layer.values[:, :, :n] = values[:, :, :n]
-            layer.length = n
+            layer.load(keys, values, n)
 
     def _keep(self, rows: torch.Tensor | None, count: int) -> None:
         for layer in self._layers:

@@ -7,7 +7,7 @@ attention row is its parent's row plus itself, and acceptance is one pass from f
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,31 +54,6 @@ class TokenTree:
     def chain(cls, tokens: Sequence[int] | np.ndarray) -> TokenTree:
         n = len(tokens)
         return cls(np.asarray(tokens, dtype=np.int64), np.arange(-1, n - 1, dtype=np.int32))
-
-    @classmethod
-    def from_sequences(cls, sequences: Iterable[Sequence[int]], budget: int) -> TokenTree:
-        """Merge candidate continuations into a trie of at most `budget` nodes.
-
-        Earlier sequences have priority: a sequence is cut when the budget runs out, and shared prefixes
-        cost one node.
-        """
-        tokens: list[int] = []
-        parents: list[int] = []
-        children: dict[tuple[int, int], int] = {}
-        for seq in sequences:
-            parent = ROOT
-            for tok in seq:
-                tok = int(tok)
-                node = children.get((parent, tok))
-                if node is None:
-                    if len(tokens) >= budget:
-                        break
-                    node = len(tokens)
-                    tokens.append(tok)
-                    parents.append(parent)
-                    children[(parent, tok)] = node
-                parent = node
-        return cls(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int32))
 
     def pruned(self, budget: int, max_depth: int) -> TokenTree:
         """Keep the first `budget` nodes no deeper than `max_depth` (topological order keeps it a tree)."""

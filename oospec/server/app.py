@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from oospec.server.errors import APIError
 from oospec.server.schemas import parse_body, parse_chat_request
 from oospec.server.service import Completion, ModelService, Work, check_api_key
-from oospec.server.worker import Cancelled, Job
+from oospec.server.worker import Cancelled, QueuedRequest
 
 _DONE = object()
 
@@ -118,7 +118,7 @@ def create_app(service: ModelService) -> FastAPI:
         timeout_s = service.timeout_for(req)
         if req.stream:
             return await _stream(service, work, timeout_s, request)
-        job = Job(payload=work, timeout_s=timeout_s)
+        job = QueuedRequest(payload=work, timeout_s=timeout_s)
         service.worker.submit(job)
         completion = await _wait(job, request)
         return completion_body(service, completion)
@@ -126,7 +126,7 @@ def create_app(service: ModelService) -> FastAPI:
     return app
 
 
-async def _wait(job: Job, request: Request) -> Completion:
+async def _wait(job: QueuedRequest, request: Request) -> Completion:
     """The job's result; cancels it when the client goes away or its time is up."""
     future = asyncio.wrap_future(job.future)
     try:
@@ -156,7 +156,8 @@ async def _wait(job: Job, request: Request) -> Completion:
 async def _stream(service: ModelService, work: Work, timeout_s: float, request: Request) -> StreamingResponse:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job = Job(payload=work, timeout_s=timeout_s, emit=lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs))
+    job = QueuedRequest(payload=work, timeout_s=timeout_s,
+                        emit=lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs))
     service.worker.submit(job)  # before the response starts, so that 429 and 503 are real statuses
     job.future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, _DONE))
     chunks = ChunkWriter(service, work)

@@ -168,7 +168,7 @@ def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: 
     samples = samples[:turns] if turns else samples
     configs = [Config(m, reuse) for m in methods for reuse in (False, True)]
     engine = Engine.from_pretrained(target, dtype=dtype, device=device, optimize=optimize)
-    engine.generate([{"role": "user", "content": "Hi"}], method="ar", max_new_tokens=2)
+    engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
     print(f"dialogue {name}: {len(samples)} turns; target {target}; configs: "
           f"{', '.join(c.label for c in configs)}", file=sys.stderr)
     client = None

@@ -7,15 +7,16 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from oospec.drafters import Drafter, make_drafter
+from oospec.drafters import make_drafter
 from oospec.engine.decode import Generation
+from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.server.errors import APIError, bad_request
 from oospec.server.prompting import Prompt, build_prompt
 from oospec.server.reply import Reply, ReplyBuilder
 from oospec.server.schemas import ChatRequest
-from oospec.server.worker import Cancelled, Job, Worker, timeout_error
+from oospec.server.worker import Cancelled, QueuedRequest, Worker, timeout_error
 
 
 @dataclass
@@ -84,7 +85,7 @@ class ModelService:
 
     # -- on the worker thread --------------------------------------------------------------------------------
 
-    def execute(self, job: Job) -> Completion:
+    def execute(self, job: QueuedRequest) -> Completion:
         work: Work = job.payload
         req, prompt = work.req, work.prompt
         parse_calls = req.tool_schemas is not None and req.tool_choice != "none"
@@ -105,13 +106,13 @@ class ModelService:
         gen = self.engine.generate(
             prompt.messages,
             prompt_ids=prompt.ids,
-            method=self.drafter,
+            drafter=self.drafter,
             max_new_tokens=work.max_new_tokens,
             budget=self.config.budget,
             tool_schemas=req.tool_schemas if parse_calls else None,
             dialect=prompt.dialect.name,
             # the sidecar renders its prompt from the messages and the tools as the template got them
-            request_meta={"chat_tools": prompt.template_tools},
+            chat_tools=prompt.template_tools,
             prefix_cache=self.prefix_cache,
             on_tokens=on_tokens,
             temperature=req.temperature,
@@ -196,13 +197,13 @@ class ModelService:
 
 def drafter_report(drafter: Drafter) -> dict:
     """Per-request reports of a drafter and its parts (e.g. whether the sidecar's hint arrived and was used):
-    any part with a `report` dict."""
+    any part with a `report` (a dataclass with `as_dict`, such as oospec.drafters.sidecar.SidecarReport)."""
     out, seen = {}, set()
     for part in [drafter, *getattr(drafter, "parts", ())]:
         report = getattr(part, "report", None)
-        if isinstance(report, dict) and report and id(report) not in seen:  # a drafter may share its part's
+        if report is not None and id(report) not in seen:  # a drafter may share its part's
             seen.add(id(report))
-            out[part.name] = report
+            out[part.name] = report.as_dict()
     return out
 
 

@@ -32,7 +32,9 @@ def timeout_error(timeout_s: float) -> APIError:
 
 
 @dataclass
-class Job:
+class QueuedRequest:
+    """One request waiting for (or in) the worker thread."""
+
     payload: Any  # what `execute` needs (the parsed request and its prompt)
     timeout_s: float
     emit: Callable[[list[tuple]], None] | None = None  # stream events, called from the worker thread
@@ -56,12 +58,12 @@ _STOP = object()
 
 
 class Worker:
-    def __init__(self, execute: Callable[[Job], Any], max_queue: int):
+    def __init__(self, execute: Callable[[QueuedRequest], Any], max_queue: int):
         self.execute = execute
         self.max_queue = max_queue
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_queue))
         self._accepting = True
-        self.running: Job | None = None
+        self.running: QueuedRequest | None = None
         self.mean_service_s = 1.0  # running mean of recent jobs' time, for Retry-After
         self.served = 0
         self.rejected = 0
@@ -73,7 +75,7 @@ class Worker:
     def waiting(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, job: Job) -> None:
+    def submit(self, job: QueuedRequest) -> None:
         if not self._accepting:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
@@ -94,7 +96,7 @@ class Worker:
                 return
             self._run(job)
 
-    def _run(self, job: Job) -> None:
+    def _run(self, job: QueuedRequest) -> None:
         # A future the waiting side cancelled (timeout, client gone) is not run.
         if job.cancel.is_set() or not job.future.set_running_or_notify_cancel():
             _settle(job.future, exc=Cancelled())

@@ -1,8 +1,10 @@
-"""The out-of-order sidecar: a small model that predicts the whole call in parallel with the target."""
+"""The out-of-order sidecar: a small model that predicts the whole call in parallel with the target.
 
-from oospec.sidecar.predictor import Job, SidecarPredictor, TaskFormat
+This package imports without torch: the client (process.py) and the protocol are what the engine's process
+needs; the predictor (predictor.py) runs in the sidecar's own process (worker_main.py).
+"""
+
 from oospec.sidecar.process import DEFAULT_SIDECAR, SidecarClient
-from oospec.sidecar.protocol import Guess, Payload, PayloadError, parse_payload
+from oospec.sidecar.protocol import Guess, Job, Payload, PayloadError, parse_payload
 
-__all__ = ["DEFAULT_SIDECAR", "Guess", "Job", "Payload", "PayloadError", "SidecarClient", "SidecarPredictor",
-           "TaskFormat", "parse_payload"]
+__all__ = ["DEFAULT_SIDECAR", "Guess", "Job", "Payload", "PayloadError", "SidecarClient", "parse_payload"]

@@ -21,7 +21,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,34 +29,14 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache
 
+from oospec.engine.prefix_cache import common_prefix_length
 from oospec.engine.target import SlotLayer
-from oospec.sidecar.protocol import Guess, encode_payload
+from oospec.sidecar.protocol import Guess, Job, encode_payload
 from oospec.tools.jsonscan import value_end
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
 VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
-
-
-@dataclass(frozen=True)
-class Job:
-    """One request as the sidecar sees it (plain data: it crosses a process boundary)."""
-
-    request_id: str
-    messages: list[dict]
-    tools: list[dict]  # OpenAI-style tool specs (what the sidecar may predict)
-    chat_tools: list[dict] | None = None  # tools as the request's chat template got them (None: in the prompt)
-    opener: str = ""  # text the target writes before the call object (e.g. "<tool_call>\n")
-    args_key: str = "arguments"
-    function: str | None = None  # set: the target has already chosen it, predict only its slots
-    openers: list[str] | None = None  # other openers the target may use (for "does a call come at all")
-
-    def to_dict(self) -> dict:
-        return dict(self.__dict__)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Job:
-        return cls(**d)
 
 
 class TaskFormat:
@@ -109,14 +89,11 @@ class RowRunner:
         if ids == self.prefix_ids:
             return
         n = len(ids)
-        reuse = min(common_prefix_len([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
+        reuse = min(common_prefix_length([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
         layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
         if reuse > 0:
             for layer, old in zip(layers, self._prefix_layers):
-                layer.lazy_initialization(old.keys[:, :, :1], old.values[:, :, :1])
-                layer.keys[:, :, :reuse] = old.keys[:, :, :reuse]
-                layer.values[:, :, :reuse] = old.values[:, :, :reuse]
-                layer.length = reuse
+                layer.load(old.keys, old.values, reuse)
         x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
                          cache=Cache(layers=layers), logits_to_keep=1)
@@ -126,17 +103,9 @@ class RowRunner:
         self.prefix_logits = out.logits[0, -1].float()
 
     def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
-        s = len(self.prefix_ids)
-        layers = []
-        for src in self._prefix_layers:
-            layer = SlotLayer(capacity)
-            _, h, _, d = src.keys.shape
-            layer.keys = src.keys.new_empty((rows, h, capacity, d))
-            layer.values = src.values.new_empty((rows, src.values.shape[1], capacity, src.values.shape[-1]))
-            layer.keys[:, :, :s] = src.keys[:, :, :s]
-            layer.values[:, :, :s] = src.values[:, :, :s]
-            layer.device, layer.is_initialized, layer.length = self.device, True, s
-            layers.append(layer)
+        layers = [SlotLayer(capacity) for _ in self._prefix_layers]
+        for layer, src in zip(layers, self._prefix_layers):
+            layer.load(src.keys, src.values, len(self.prefix_ids), rows=rows)
         return Cache(layers=layers), layers
 
     @torch.inference_mode()
@@ -201,16 +170,6 @@ class RowRunner:
                 layer.keep(None, 1)
             next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()
         return logprobs, generated
-
-
-def common_prefix_len(rows: Sequence[Sequence[int]]) -> int:
-    first = rows[0]
-    n = min(len(r) for r in rows)
-    for i in range(n):
-        t = first[i]
-        if any(r[i] != t for r in rows):
-            return i
-    return n
 
 
 # Predictor settings an adapter was trained for, saved beside it by `oospec sidecar train`.
@@ -302,7 +261,7 @@ class SidecarPredictor:
         probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
                  for t in tools if t.parameters]
         if len(tools) == 1:
-            self.runner.encode_prefix(rows[0][: min(common_prefix_len(rows + probe), len(rows[0]) - 1)])
+            self.runner.encode_prefix(rows[0][: min(common_prefix_length(rows + probe), len(rows[0]) - 1)])
             chosen = [(0, 0.0)]
         else:
             shared, logprobs = self.score_rows(rows, share_with=probe)
@@ -312,7 +271,7 @@ class SidecarPredictor:
     def score_rows(self, rows: list[list[int]], share_with: Sequence[Sequence[int]] = ()) -> tuple[int, list[np.ndarray]]:
         """Encode once what `rows` share (with `share_with` too: rows run next, which then find it cached), then
         score the rest of every row in one batch: (shared length, per row its tokens' log-probabilities)."""
-        shared = min(common_prefix_len([*rows, *share_with]), min(map(len, rows)) - 1)
+        shared = min(common_prefix_length([*rows, *share_with]), min(map(len, rows)) - 1)
         self.runner.encode_prefix(rows[0][:shared])
         logprobs, _ = self.runner.run([r[shared:] for r in rows], keep_all_logits=True)
         return shared, logprobs
@@ -386,7 +345,7 @@ class SidecarPredictor:
         prefix = self.runner.prefix_ids
         if any(r[: len(prefix)] != prefix or len(r) <= len(prefix) for r in rows):
             # Tokenization merged across the cached boundary: share what these rows do share.
-            self.runner.encode_prefix(rows[0][: min(common_prefix_len(rows), min(map(len, rows)) - 1)])
+            self.runner.encode_prefix(rows[0][: min(common_prefix_length(rows), min(map(len, rows)) - 1)])
             prefix = self.runner.prefix_ids
         return [r[len(prefix):] for r in rows]
 

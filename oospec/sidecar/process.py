@@ -28,8 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from oospec.models.registry import DEFAULT_SIDECAR
-from oospec.sidecar.predictor import Job
-from oospec.sidecar.protocol import CLEAR_CACHE, Payload, PayloadError, parse_payload
+from oospec.sidecar.protocol import CLEAR_CACHE, Job, Payload, PayloadError, parse_payload
 from oospec.tools.schema import Tool
 
 log = logging.getLogger("oospec.sidecar")
@@ -122,7 +121,7 @@ class SidecarClient:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         env["OMP_WAIT_POLICY"] = "PASSIVE"  # an idle sidecar must not spin on the target's cores
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)  # the same imports as this process
-        cmd = [sys.executable, "-m", "oospec.sidecar.worker", "--fd", str(child.fileno()), "--factory", self.factory,
+        cmd = [sys.executable, "-m", "oospec.sidecar.worker_main", "--fd", str(child.fileno()), "--factory", self.factory,
                "--options", json.dumps(self.options), "--threads", str(self.threads or 0)]
         self._proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
         child.close()

@@ -1,5 +1,7 @@
 """What travels between the engine and the sidecar process: a job out, a compact JSON payload back.
 
+Plain data only (no torch, no transformers): the client in the engine's process imports this module alone.
+
 The payload is the sidecar's whole answer: the function it expects and a value for every argument slot, with
 optional alternative functions. It is small (tens of bytes to a few hundred) and it is *untrusted*: the
 sidecar may crash, lie or answer for another request, so `parse_payload` checks everything against the
@@ -30,6 +32,27 @@ class PayloadError(ValueError):
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind  # short name of the fault, logged once per kind
+
+
+@dataclass(frozen=True)
+class Job:
+    """One request as the sidecar sees it (plain data: it crosses a process boundary)."""
+
+    request_id: str
+    messages: list[dict]
+    tools: list[dict]  # OpenAI-style tool specs (what the sidecar may predict)
+    chat_tools: list[dict] | None = None  # tools as the request's chat template got them (None: in the prompt)
+    opener: str = ""  # text the target writes before the call object (e.g. "<tool_call>\n")
+    args_key: str = "arguments"
+    function: str | None = None  # set: the target has already chosen it, predict only its slots
+    openers: list[str] | None = None  # other openers the target may use (for "does a call come at all")
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Job:
+        return cls(**d)
 
 
 @dataclass(frozen=True)

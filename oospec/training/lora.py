@@ -10,7 +10,6 @@ summed log-probability (the predictor's own score) should put the teacher's tool
 
 from __future__ import annotations
 
-import inspect
 import json
 import random
 import time
@@ -21,8 +20,9 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from oospec.engine.prefix_cache import common_prefix_length
 from oospec.models.registry import DEFAULT_SIDECAR
-from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat, common_prefix_len
+from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat
 from oospec.training.rows import RequestRows, rows_for
 
 LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -60,18 +60,12 @@ class Encoded:
 def encode_rows(rr: RequestRows, fmt: TaskFormat, max_prompt_tokens: int) -> Encoded | None:
     full = [fmt.encode(rr.prompt + p + c) for p, c in zip(rr.prefixes, rr.completions)]
     ctx = [fmt.encode(rr.prompt + p) for p in rr.prefixes]
-    starts = [common_prefix_len([f, c]) for f, c in zip(full, ctx)]
-    shared = min(common_prefix_len(full), min(starts) - 1)
+    starts = [common_prefix_length([f, c]) for f, c in zip(full, ctx)]
+    shared = min(common_prefix_length(full), min(starts) - 1)
     if shared <= 0 or shared > max_prompt_tokens:
         return None
     return Encoded(full[0][:shared], [f[shared:] for f in full], [s - shared for s in starts],
                    rr.supervised or [True] * len(full), rr.choices, rr.chosen)
-
-
-def _cache_kw(model) -> str:
-    params = inspect.signature(model.get_base_model().forward if hasattr(model, "get_base_model")
-                               else model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
 
 
 def supervised_tokens(enc: Encoded) -> int:
@@ -85,14 +79,14 @@ class RequestLoss(NamedTuple):
     ranked_first: bool  # the teacher's tool has the highest score
 
 
-def request_loss(model, enc: Encoded, cache_kw: str) -> RequestLoss:
+def request_loss(model, enc: Encoded) -> RequestLoss:
     from transformers.cache_utils import DynamicCache
 
     s = len(enc.shared)
     cache = DynamicCache()
     with torch.no_grad():
         model(input_ids=torch.tensor([enc.shared]), position_ids=torch.arange(s)[None], use_cache=True,
-              **{cache_kw: cache}, logits_to_keep=1)
+              cache=cache, logits_to_keep=1)
     r = len(enc.rows)
     cache.batch_repeat_interleave(r)
     width = max(len(x) for x in enc.rows)
@@ -111,7 +105,7 @@ def request_loss(model, enc: Encoded, cache_kw: str) -> RequestLoss:
     dtype = next(model.parameters()).dtype
     mask = torch.zeros((r, 1, width, s + width), dtype=dtype)
     mask[:, 0, :, s:] = torch.where(allowed, 0.0, torch.finfo(dtype).min)
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **{cache_kw: cache})
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, cache=cache)
     logits = out.logits.float()
     token_nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
                                                   ignore_index=-100, reduction="none").view(r, width)
@@ -188,7 +182,6 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
     total = steps_per_epoch * cfg.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: min(1.0, (k + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - k / max(1, total)))
-    cache_kw = _cache_kw(model)
     rng = random.Random(cfg.seed)
     log = []
     t0 = time.time()
@@ -202,7 +195,7 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
             tokens = sum(supervised_tokens(e) for e in batch)
             total_loss, rank_loss, ranked, top = 0.0, 0.0, 0, 0
             for enc in batch:
-                loss = request_loss(model, enc, cache_kw)
+                loss = request_loss(model, enc)
                 objective = loss.tokens_nll / max(1, tokens)
                 if loss.rank is not None:
                     objective = objective + cfg.rank_weight * loss.rank / len(batch)

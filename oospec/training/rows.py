@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from oospec.sidecar.predictor import VALUE_OPENERS, Job, TaskFormat
+from oospec.sidecar.predictor import VALUE_OPENERS, TaskFormat
+from oospec.sidecar.protocol import Job
 from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import tools_from_openai
 

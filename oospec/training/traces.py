@@ -57,7 +57,7 @@ def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method
     with open(path, "a", encoding="utf-8") as f:
         for sample in tqdm(todo, desc="traces", unit="req", disable=not progress):
             result = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                                     dialect=sample.dialect, method=drafter, max_new_tokens=max_new_tokens,
+                                     dialect=sample.dialect, drafter=drafter, max_new_tokens=max_new_tokens,
                                      prefix_cache=cache)
             f.write(json.dumps(trace_record(sample, result.text), ensure_ascii=False) + "\n")
             f.flush()

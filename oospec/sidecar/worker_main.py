@@ -1,4 +1,4 @@
-"""The sidecar's own process: `python -m oospec.sidecar.worker --fd N ...`, started by SidecarClient.
+"""The sidecar's own process: `python -m oospec.sidecar.worker_main --fd N ...`, started by SidecarClient.
 
 It loads the predictor once, then answers jobs one at a time over the socket it was given; a job that a
 newer one has superseded while it waited is skipped. Nothing here may take the engine down: errors become
@@ -12,8 +12,7 @@ import importlib
 import json
 from multiprocessing.connection import Connection
 
-from oospec.sidecar.predictor import Job
-from oospec.sidecar.protocol import CLEAR_CACHE
+from oospec.sidecar.protocol import CLEAR_CACHE, Job
 
 
 def load_factory(spec: str):

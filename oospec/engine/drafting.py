@@ -1,0 +1,136 @@
+"""The drafter contract: what a drafter may know about a request, what it proposes, how that becomes a tree.
+
+A drafter has ONE extension point, `candidates(context)`: continuations of the context, each with a rough
+acceptance model. The engine turns them into the token tree it verifies with one function, `build_tree`,
+so drafters compose by concatenating their candidates (see oospec.drafters.toolspec.MergedDrafter) and a
+drafter that proposes one chain (the oracle) merges as well as one that proposes many branches.
+
+How the tree is built is the drafter's `cost` (an attribute, not a method):
+- None: candidates rank by their order, earliest first; the trie keeps nodes in that order until the
+  budget is full (a single drafter knows its own best guess);
+- a CostModel: nodes rank by their acceptance weight (the best over the candidates sharing them), and the
+  tree keeps as many as pay for the wider verification forward (see oospec.engine.budget).
+
+Drafters carry no probabilities the verifier uses: it treats their tokens as guesses to be matched against
+the target's greedy choices, so any drafter, however wrong, leaves the output unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from oospec.engine.budget import CostModel
+from oospec.engine.tree import ROOT, TokenTree
+
+
+@dataclass
+class Request:
+    """What a drafter may know about the request it drafts for."""
+
+    prompt_ids: np.ndarray  # (p,) int64 token ids of the rendered prompt
+    eos_ids: frozenset[int]  # tokens that end the turn
+    tokenizer: Any = None  # the target's tokenizer (drafters that render text into target tokens)
+    messages: list[dict] | None = None  # the chat messages the prompt was rendered from
+    tools: list[Any] | None = None  # the tools offered to the model (oospec.tools.schema.Tool or OpenAI dicts)
+    dialect: str | None = None  # how the target writes calls (oospec.tools.dialects), None: guess from the tools
+    # The tools as the chat template got them (OpenAI dicts), for a sidecar that renders the same prompt;
+    # None: the tools went through the template as `tools`, or not at all (see tools_in_prompt).
+    chat_tools: list[dict] | None = None
+    # True: the messages themselves describe the tools (no template tools); None: guess from the dialect.
+    tools_in_prompt: bool | None = None
+    # (r,) int64 the greedy output, known in advance: only the oracle drafter of benchmarks reads it.
+    reference_tokens: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One proposed continuation with a rough acceptance model: the first token is right with probability
+    `confidence`, each further token with probability `persistence` given the ones before."""
+
+    tokens: np.ndarray  # (m,) int64
+    confidence: float = 0.5
+    persistence: float = 0.8
+
+    def weights(self) -> np.ndarray:
+        """(m,) probability that the target accepts this candidate at least up to each position."""
+        return self.confidence * self.persistence ** np.arange(self.tokens.size)
+
+
+class Drafter:
+    """Base drafter: proposes nothing (plain greedy decoding through the same loop).
+
+    Subclasses override `candidates` and, where they keep state, the lifecycle methods `start`, `observe`
+    and `finish`. `cost` says how the engine ranks their candidates' nodes (see the module docstring)."""
+
+    name = "ar"
+    cost: CostModel | None = None
+
+    def start(self, request: Request) -> None:
+        """Called once per request before the first proposal."""
+
+    def candidates(self, context: np.ndarray) -> list[Candidate]:
+        """Continuations of `context` ((n,) int64: prompt, then every token produced so far, the last being
+        the pending token), best first; [] proposes nothing."""
+        return []
+
+    def observe(self, produced: np.ndarray) -> None:
+        """The tokens the last step produced (accepted draft tokens, then the bonus token)."""
+
+    def finish(self) -> None:
+        """Called once when the request ends (also on errors)."""
+
+
+def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None) -> TokenTree:
+    """Merge candidates into one trie of at most `budget` nodes (shared prefixes cost one node).
+
+    cost None: earlier candidates have priority, a candidate is cut where the budget runs out. Otherwise the
+    nodes most likely to be accepted are kept, as many as pay off under `cost`."""
+    tokens: list[int] = []
+    parents: list[int] = []
+    weights: list[float] = []
+    index: dict[tuple[int, int], int] = {}
+    for cand in candidates:
+        if cost is None and len(tokens) >= budget:
+            break
+        parent = ROOT
+        chain = cand.weights().tolist() if cost is not None else [0.0] * cand.tokens.size
+        for tok, w in zip(cand.tokens.tolist(), chain):
+            node = index.get((parent, tok))
+            if node is None:
+                if cost is None and len(tokens) >= budget:
+                    break
+                node = index[(parent, tok)] = len(tokens)
+                tokens.append(tok)
+                parents.append(parent)
+                weights.append(w)
+            elif w > weights[node]:
+                weights[node] = w
+            parent = node
+    if not tokens:
+        return TokenTree.empty()
+    if cost is None:
+        return TokenTree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int32))
+    return _best_nodes(np.asarray(tokens, dtype=np.int64), np.asarray(parents), np.asarray(weights), budget, cost)
+
+
+def _best_nodes(tokens: np.ndarray, par: np.ndarray, w: np.ndarray, budget: int, cost: CostModel) -> TokenTree:
+    """The subtree of the heaviest nodes whose expected tokens per unit of forward cost is largest."""
+    # A child never outweighs its parent along one candidate, but a child seen in a stronger candidate can
+    # outweigh a parent shared with weaker ones: cap each weight by its parent's so ranking stays a tree.
+    for i in range(w.size):
+        if par[i] != ROOT and w[i] > w[par[i]]:
+            w[i] = w[par[i]]
+    order = np.lexsort((np.arange(w.size), -w))  # heaviest first, parents before children on ties
+    n_max = min(budget, w.size)
+    gain = 1.0 + np.concatenate([[0.0], np.cumsum(w[order[:n_max]])])
+    n = int(np.argmax(gain / cost.cost(np.arange(1, n_max + 2))))
+    keep = np.sort(order[:n])
+    remap = np.full(w.size, ROOT, dtype=np.int64)
+    remap[keep] = np.arange(keep.size)
+    kept_parents = par[keep]
+    new_parents = np.where(kept_parents == ROOT, ROOT, remap[np.maximum(kept_parents, 0)])
+    return TokenTree(tokens[keep], new_parents)
