@@ -10,18 +10,6 @@ from oospec.bench import run as bench_run
 from oospec.bench.run import BenchConfig, BenchError, ForwardCounter, first_difference, parse_methods
 from oospec.errors import OospecError
 
-TOKENIZER_MODEL = "smollm2-135m"
-
-
-def _cached_tokenizer():
-    from oospec.models.provision import is_complete, model_dir
-
-    if not is_complete(TOKENIZER_MODEL):  # never download inside the fast suite
-        pytest.skip(f"{TOKENIZER_MODEL} is not cached (oospec models pull {TOKENIZER_MODEL})")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir(TOKENIZER_MODEL)))
-
 
 def _tiny_llama(vocab: int, seed: int, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -34,10 +22,10 @@ def _tiny_llama(vocab: int, seed: int, layers: int = 2):
 
 
 @pytest.fixture(scope="module")
-def tiny_engine():
+def tiny_engine(smollm2_tokenizer):
     from oospec.engine.engine import Engine
 
-    tok = _cached_tokenizer()
+    tok = smollm2_tokenizer
     return Engine(_tiny_llama(len(tok), seed=0, layers=1), tok)
 
 
