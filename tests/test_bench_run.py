@@ -15,18 +15,6 @@ from oospec.bench.run import first_difference
 from oospec.errors import OospecError
 from oospec.sidecar.provenance import training_manifest, weights_sha256
 
-TOKENIZER_MODEL = "smollm2-135m"
-
-
-def _cached_tokenizer():
-    from oospec.models.provision import is_complete, model_dir
-
-    if not is_complete(TOKENIZER_MODEL):  # never download inside the fast suite
-        pytest.skip(f"{TOKENIZER_MODEL} is not cached (oospec models pull {TOKENIZER_MODEL})")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir(TOKENIZER_MODEL)))
-
 
 def _tiny_llama(vocab: int, seed: int, layers: int = 2):
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -39,10 +27,10 @@ def _tiny_llama(vocab: int, seed: int, layers: int = 2):
 
 
 @pytest.fixture(scope="module")
-def tiny_engine():
+def tiny_engine(smollm2_tokenizer):
     from oospec.engine.engine import Engine
 
-    tok = _cached_tokenizer()
+    tok = smollm2_tokenizer
     return Engine(_tiny_llama(len(tok), seed=0, layers=1), tok)
 
 

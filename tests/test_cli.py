@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 import pytest
-from conftest import tiny_model
+from helpers import tiny_model
 
 from oospec.cli import main
 from oospec.drafters import make_drafter

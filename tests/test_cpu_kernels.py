@@ -5,7 +5,7 @@ import copy
 import numpy as np
 import pytest
 import torch
-from conftest import greedy_reference, tiny_model
+from helpers import greedy_reference, tiny_model
 from transformers import DynamicCache
 
 from oospec.engine.cpu_kernels import optimize_for_cpu

@@ -26,10 +26,8 @@ CALL = {"name": "ModifyRegistration", "parameters": {"appointment_id": "34567890
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from oospec.models.loading import load_tokenizer
-
-    return load_tokenizer("smollm2-135m")
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 def simulate(drafter, tokenizer, text, runs=2, tools=TOOLS, dialect="apibank", eos=2):

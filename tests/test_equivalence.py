@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from adversarial import DecoyOracleDrafter, EmptyDrafter, HugeTreeDrafter, RandomTreeDrafter, RepeatDrafter
-from conftest import greedy_reference
+from helpers import greedy_reference
 
 from oospec.drafters import make_drafter
 from oospec.engine.drafting import Request

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 from adversarial import DecoyOracleDrafter, RandomTreeDrafter
-from conftest import greedy_reference
+from helpers import greedy_reference
 
 from oospec.drafters import make_drafter
 from oospec.engine.drafting import Request
@@ -167,13 +167,12 @@ def test_sampling_is_seeded_and_tends_to_greedy_at_low_temperature(tiny):
     assert np.array_equal(out.tokens, greedy_reference(tiny, longer, MAX_NEW))
 
 
-def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar():
+def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar(smollm2_engine):
     """A real multi-turn API-Bank dialogue, turn by turn, with toolspec and prefix reuse: token-identical to
     cold plain greedy (`ar`, no cache) on SmolLM2-135M."""
     from oospec.server.replay import pick_dialogue
-    from oospec.engine.engine import Engine
 
-    engine = Engine.from_pretrained("smollm2-135m")
+    engine = smollm2_engine
     _, turns = pick_dialogue(None)
     cache = PrefixCache(max_bytes=256 << 20)
     drafter = make_drafter("toolspec")

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 from adversarial import DecoyOracleDrafter, HugeTreeDrafter, RandomTreeDrafter, RepeatDrafter
-from conftest import greedy_reference
+from helpers import greedy_reference
 
 from oospec.drafters import make_drafter
 
@@ -19,10 +19,8 @@ CHATS = [
 
 
 @pytest.fixture(scope="module")
-def smol():
-    from oospec.engine.engine import Engine
-
-    return Engine.from_pretrained("smollm2-135m")
+def smol(smollm2_engine):
+    return smollm2_engine
 
 
 def check_engine(engine, chats, max_new, extra_drafters=True):

@@ -108,7 +108,7 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(smollm2_path, tmp_path_factory):  # the model is pulled here, not by the server while the test waits
     srv = Server(tmp_path_factory.mktemp("server"), "--max-queue", "2", "--default-max-tokens", "48",
                  "--shutdown-grace", "5")
     yield srv
@@ -117,13 +117,11 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def engine():
-    """The same model in this process, for references (plain greedy, cold prefill)."""
-    from oospec.engine.engine import Engine
-
+def engine(smollm2_engine):
+    """The same model in this process, for references (plain greedy, cold prefill), on one thread like the server."""
     before = torch.get_num_threads()
     torch.set_num_threads(1)
-    yield Engine.from_pretrained(MODEL)
+    yield smollm2_engine
     torch.set_num_threads(before)
 
 

@@ -22,12 +22,8 @@ TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": 
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from transformers import AutoTokenizer
-
-    from oospec.models.provision import resolve_model_path
-
-    return AutoTokenizer.from_pretrained(resolve_model_path("smollm2-135m"))
+def tokenizer(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 # --------------------------------------------------------------------------------------------------

@@ -218,7 +218,7 @@ def test_no_payload_no_candidates():
 # -- the predictor -----------------------------------------------------------------------------------------
 def test_row_runner_batches_equal_single_rows():
     """Rows decoded together (shared prefix cache, left padding) give each row's own greedy tokens."""
-    from conftest import tiny_model
+    from helpers import tiny_model
 
     model = tiny_model("llama", seed=3)
     prefix = [5, 17, 42, 99, 7, 12]
@@ -272,8 +272,10 @@ def test_function_choice_greedy_path_or_whole_name():
 
 
 @pytest.fixture(scope="module")
-def smol_predictor():
-    return SidecarPredictor.from_pretrained("smollm2-135m")
+def smol_predictor(smollm2_engine):
+    """The predictor `SidecarPredictor.from_pretrained` builds (CPU kernels, no adapter), on the engine's weights:
+    it only reads them."""
+    return SidecarPredictor(smollm2_engine.model, smollm2_engine.tokenizer)
 
 
 def test_predictor_payload_on_real_model(smol_predictor):
@@ -315,10 +317,8 @@ def test_name_prior_leaves_the_conversation_out_and_is_kept_per_tool_list(smol_p
 
 # -- faults: the sidecar is an optimisation, never a dependency ------------------------------------------
 @pytest.fixture(scope="module")
-def smol_engine():
-    from oospec.engine.engine import Engine
-
-    return Engine.from_pretrained("smollm2-135m")
+def smol_engine(smollm2_engine):
+    return smollm2_engine
 
 
 @pytest.fixture(scope="module")
