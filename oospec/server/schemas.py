@@ -39,7 +39,7 @@ from oospec.tools.schema import Tool, tools_from_openai
 MAX_STOP = 4
 MAX_MESSAGES = 2048
 MAX_TOOLS = 128  # OpenAI's limit
-MAX_SCHEMA_DEPTH = 32  # nesting of a tool's parameters schema
+MAX_SCHEMA_DEPTH = 32  # JSON containers nested in a tool's parameters (a schema level is two: object, properties)
 GREEDY_BELOW_TEMPERATURE = 1e-3
 MIN_TOP_P = 1e-6
 FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
