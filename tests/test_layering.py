@@ -11,7 +11,6 @@ two modules may import each other through any chain (a cycle), and neither may t
 import ast
 from pathlib import Path
 
-import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "oospec"
 

@@ -12,7 +12,8 @@ from oospec.server.reply import (
     ToolCallStream,
     parse_reply,
 )
-from oospec.server.schemas import parse_body, parse_chat_request
+from oospec.server.guard import check_json_body
+from oospec.server.schemas import parse_chat_request
 from oospec.tools.dialects import get_dialect
 
 HERMES = get_dialect("hermes")
@@ -39,11 +40,13 @@ def bad(body, param_part=""):
     return info.value
 
 
-def test_bad_json_and_non_object_bodies():
-    for raw in (b"{not json", b"[1, 2]", b"\xff\xfe"):
-        with pytest.raises(APIError) as info:
-            parse_body(raw)
-        assert info.value.status == 400
+def test_deep_and_non_object_bodies():
+    for body in ([1, 2], "text", None):
+        bad(body)
+    with pytest.raises(APIError) as info:
+        check_json_body(b"[" * 65 + b"]" * 65)
+    assert info.value.status == 400
+    check_json_body(b'{"a": "[[[[' + b"[" * 100 + b'"}')  # brackets inside strings do not count
 
 
 def test_messages_are_validated_with_the_field_named():

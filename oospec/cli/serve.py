@@ -32,6 +32,11 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--budget", type=int, default=None, help="most draft tokens verified per forward")
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds in-flight work may take to finish on shutdown before it is cancelled")
+    p.add_argument("--accept-any-model", action="store_true",
+                   help="serve requests whatever `model` they name (default: 404 unless it is the served name)")
+    p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body; larger ones get 413")
+    p.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a connection may take to send a request's headers before it is closed")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation before serving")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_runtime_options(p)
@@ -82,6 +87,8 @@ def build_service(args):
         budget=args.budget,
         api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
         shutdown_grace_s=args.shutdown_grace,
+        accept_any_model=args.accept_any_model,
+        max_body_mb=args.max_body_mb,
     )
     return ModelService(engine, config, drafter, sidecar)
 
@@ -90,6 +97,7 @@ def cmd_serve(args) -> None:
     import uvicorn
 
     from oospec.server.app import GracefulServer, create_app
+    from oospec.server.guard import header_timeout_protocol
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     service = build_service(args)
@@ -99,6 +107,7 @@ def cmd_serve(args) -> None:
           f"(queue {c.max_queue}, prefix cache {c.prefix_cache_mb:g} MB, API key {'on' if c.api_key else 'off'})",
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                            http=header_timeout_protocol(args.header_timeout),
                             # our own cancellation comes first (after the grace period): streams end cleanly
                             timeout_graceful_shutdown=int(args.shutdown_grace) + 5)
     try:

@@ -1,53 +1,44 @@
-"""The HTTP surface: OpenAI's /v1/chat/completions and /v1/models, plus /health.
+"""The HTTP surface: OpenAI's /v1/chat/completions and /v1/models, plus /health and /openapi.json.
 
 Every error is an OpenAI-style body ({"error": {message, type, param, code}}): 400 for requests that cannot
-be served as given, 401 for a wrong API key, 404 for unknown routes, 429 (with Retry-After) when the queue
-is full, 503 while shutting down, 504 past the request timeout, 500 only for a bug.
+be served as given, 401 for a wrong API key, 404 for unknown routes and models not served, 413 for a body over
+the size limit, 415 for a body that is not JSON, 429 (with Retry-After) when the queue is full, 503 while
+shutting down, 504 past the request timeout, 500 only for a bug. Templating and tokenizing run on worker
+threads (PREPARE_AT_ONCE at a time), so that a huge request never holds up the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import signal
 import sys
 import time
 from contextlib import asynccontextmanager
 
+import anyio
 import uvicorn
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oospec.server.errors import APIError
-from oospec.server.schemas import parse_body, parse_chat_request
-from oospec.server.service import Completion, ModelService, Work, check_api_key
+from oospec.server.guard import APIKeyCheck, BodyGuard, RequestLog
+from oospec.server.schemas import ChatCompletion, ChatCompletionRequest, ErrorBody, to_chat_request, validation_error
+from oospec.server.service import Completion, ModelService, Work
 from oospec.server.worker import Cancelled, QueuedRequest
 
+log = logging.getLogger("oospec.server")
 _DONE = object()
+PREPARE_AT_ONCE = 2  # requests templated and tokenized at the same time, off the event loop
+_ERRORS = {status: {"model": ErrorBody} for status in (400, 401, 404, 413, 415, 429, 503, 504)}
 
 
 def shutting_down() -> APIError:
     return APIError(503, "the request was cancelled: the server is shutting down", type="server_error",
                     code="shutting_down")
-
-
-class APIKeyCheck:
-    """The API key, checked on every route but /health (plain ASGI, so streaming is untouched)."""
-
-    def __init__(self, app, service: ModelService):
-        self.app = app
-        self.config = service.config
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["path"] != "/health":
-            headers = dict(scope.get("headers") or ())
-            try:
-                check_api_key(self.config, headers.get(b"authorization", b"").decode("latin-1"))
-            except APIError as exc:
-                await JSONResponse(exc.body(), status_code=exc.status)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 class GracefulServer(uvicorn.Server):
@@ -77,8 +68,16 @@ def create_app(service: ModelService) -> FastAPI:
         print(f"oospec serve: shut down (served {w.served}, rejected {w.rejected}, failed {w.failed})",
               file=sys.stderr, flush=True)
 
-    app = FastAPI(title="oospec", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="oospec", summary="OpenAI-compatible chat completions with lossless speculative decoding",
+                  lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
+    prepare_limiter: list[anyio.CapacityLimiter] = []  # made on first use, inside the event loop
+    warned_sampling = False
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError):
+        error = validation_error(list(exc.errors()))
+        return JSONResponse(error.body(), status_code=error.status)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
@@ -94,7 +93,10 @@ def create_app(service: ModelService) -> FastAPI:
         body = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    app.add_middleware(APIKeyCheck, service=service)
+    # Added innermost first: RequestLog sees every answer, BodyGuard reads only bodies with a valid key.
+    app.add_middleware(BodyGuard, max_body_bytes=int(config.max_body_mb * 2**20))
+    app.add_middleware(APIKeyCheck, api_key=config.api_key)
+    app.add_middleware(RequestLog)
 
     @app.get("/health")
     async def health():
@@ -111,16 +113,29 @@ def create_app(service: ModelService) -> FastAPI:
                            type="not_found_error", param="model", code="model_not_found")
         return model_card(service)
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        req = parse_chat_request(parse_body(await request.body()), default_temperature=config.default_temperature)
-        work = service.prepare(req)
+    @app.post("/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletion}, **_ERRORS})
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        nonlocal warned_sampling
+        note = request.scope.get("state", {}).get("oospec", {})
+        req = to_chat_request(body, default_temperature=config.default_temperature)
+        if req.model is not None and req.model != config.model_name and not config.accept_any_model:
+            raise APIError(404, f"The model `{req.model}` does not exist: this server serves `{config.model_name}`.",
+                           param="model", code="model_not_found")
+        if req.temperature > 0 and not warned_sampling:
+            warned_sampling = True
+            log.warning("requests with temperature > 0 arrive: they are sampled one token per forward, without "
+                        "speculation (send temperature 0 for the lossless speculative path)")
+        if not prepare_limiter:
+            prepare_limiter.append(anyio.CapacityLimiter(PREPARE_AT_ONCE))
+        work = await anyio.to_thread.run_sync(service.prepare, req, limiter=prepare_limiter[0])
+        note.update(id=work.id, prompt_tokens=int(work.prompt.ids.size))
         timeout_s = service.timeout_for(req)
         if req.stream:
-            return await _stream(service, work, timeout_s, request)
+            return await _stream(service, work, timeout_s, request, note)
         job = QueuedRequest(payload=work, timeout_s=timeout_s)
         service.worker.submit(job)
         completion = await _wait(job, request)
+        note_completion(note, completion)
         return completion_body(service, completion)
 
     return app
@@ -153,7 +168,15 @@ async def _wait(job: QueuedRequest, request: Request) -> Completion:
         raise
 
 
-async def _stream(service: ModelService, work: Work, timeout_s: float, request: Request) -> StreamingResponse:
+def note_completion(note: dict, c: Completion) -> None:
+    """What the request's log line says about the generation."""
+    s = c.stats
+    note.update(cached=s["prompt_tokens_reused"], new=s["new_tokens"], path=s["method"], tau=s["tau"],
+                finish=c.finish_reason)
+
+
+async def _stream(service: ModelService, work: Work, timeout_s: float, request: Request,
+                  note: dict) -> StreamingResponse:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
     job = QueuedRequest(payload=work, timeout_s=timeout_s,
@@ -179,6 +202,7 @@ async def _stream(service: ModelService, work: Work, timeout_s: float, request: 
                         error = exc if isinstance(exc, APIError) else shutting_down()
                         yield sse(error.body())
                     else:
+                        note_completion(note, job.future.result())
                         for chunk in chunks.final(job.future.result()):
                             yield sse(chunk)
                     break

@@ -128,15 +128,15 @@ class TurnResult:
     tool_calls: list[dict] = field(default_factory=list)
 
 
-def replay(base_url: str, turns: list, max_tokens: int) -> list[TurnResult]:
+def replay(base_url: str, model: str, turns: list, max_tokens: int) -> list[TurnResult]:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=600)
-    client.chat.completions.create(messages=[{"role": "user", "content": "Hello"}], model="m", max_tokens=4)  # warm
+    client.chat.completions.create(messages=[{"role": "user", "content": "Hello"}], model=model, max_tokens=4)  # warm
     results = []
     for i, sample in enumerate(turns):
         t0 = time.perf_counter()
-        resp = client.chat.completions.create(model="m", **turn_request(sample, max_tokens))
+        resp = client.chat.completions.create(model=model, **turn_request(sample, max_tokens))
         latency = time.perf_counter() - t0
         stats = resp.model_extra["oospec"]
         calls = [{"name": c.function.name, "arguments": c.function.arguments}
@@ -185,7 +185,7 @@ def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: 
                 model_name=target, method=config.method, prefix_cache_mb=prefix_cache_mb if config.reuse else 0,
             ), make_drafter(config.method, **options))
             with serving(service) as url:
-                results[config.label] = replay(url, samples, max_tokens)
+                results[config.label] = replay(url, target, samples, max_tokens)
             service.close()
             total = sum(r.latency_s for r in results[config.label])
             print(f"  {config.label:24} total {total:7.2f} s", file=sys.stderr)

@@ -13,8 +13,9 @@ Tool calls are read from the reply (when tools were offered and tool_choice is n
   * otherwise, a reply that is only JSON (possibly fenced) naming offered tools is a call (plain JSON, Llama
     style, or pythonic `[f(a=1)]` for that dialect);
   * otherwise the reply is content.
-Streamed arguments are the model's own JSON text (whitespace as it wrote it); the final, non-streamed
-arguments are the parsed object re-serialised. Both parse to the same object.
+Arguments are the model's own JSON text (whitespace, key order and duplicated keys as it wrote them), the same
+streamed and not streamed, as OpenAI-compatible servers return them; arguments it wrote as a JSON string are
+that string's content.
 """
 
 from __future__ import annotations
@@ -152,18 +153,15 @@ def calls_in_region(text: str, start: int) -> list[CallOut]:
             if end is None:
                 calls.append(CallOut(name, text[at:], complete=False))
                 break
-            raw = text[at:at + end]
-            args = _json_or_none(raw)
-            calls.append(CallOut(name, json.dumps(args, ensure_ascii=False) if isinstance(args, dict) else raw))
+            calls.append(CallOut(name, text[at:at + end]))
             cursor = at + end
             continue
         try:  # arguments written as a JSON string holding the object
             value, end = _DECODER.raw_decode(text, at)
         except ValueError:
             break
-        args = _json_or_none(value) if isinstance(value, str) else value
-        if isinstance(args, dict):
-            calls.append(CallOut(name, json.dumps(args, ensure_ascii=False)))
+        if isinstance(value, str) and isinstance(_json_or_none(value), dict):
+            calls.append(CallOut(name, value))
         cursor = end
     return calls or [CallOut.of(c) for c in extract_json_calls(text[start:])]
 
@@ -171,7 +169,7 @@ def calls_in_region(text: str, start: int) -> list[CallOut]:
 def _json_or_none(raw: str):
     try:
         return json.loads(raw)
-    except ValueError:
+    except (ValueError, RecursionError):  # (a reply can nest deeper than Python's json parser recurses)
         return None
 
 
@@ -186,7 +184,7 @@ def json_only_calls(text: str, dialect: Dialect) -> list[ToolCall]:
         return []
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     objs = obj if isinstance(obj, list) else [obj]
     calls = extract_json_calls(json.dumps(objs))

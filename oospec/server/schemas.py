@@ -1,10 +1,18 @@
-"""The chat-completions request: validated by hand so that every mistake is a 400 that names the field.
+"""The chat-completions request and reply as pydantic models (FastAPI validates with them and publishes them in
+/openapi.json), and the request as the service reads it (`ChatRequest`).
 
 What is accepted (OpenAI's names): messages, tools, tool_choice, max_tokens / max_completion_tokens,
 temperature, top_p, seed, stop, stream, stream_options.include_usage, n (1 only), parallel_tool_calls, model
-(any name: the server has one model and answers as it). Fields that would change the output in ways this
-server cannot honour (penalties, logit_bias, logprobs, response_format other than text, n > 1) are refused
-with a 400 rather than silently ignored; other unknown fields are ignored, as OpenAI clients send many.
+(checked against the served name by the app unless `--accept-any-model`). Values are taken as JSON gives them
+(strict: "5" is not a number, true is not 1). Fields that would change the output in ways this server cannot
+honour (penalties, logit_bias, logprobs, response_format other than text, n > 1) are refused with a 400 rather
+than silently ignored; other unknown fields are ignored, as OpenAI clients send many.
+
+Sampling values that would break the arithmetic are served as what they mean, not refused:
+  * 0 < temperature < 1e-3 is greedy (the lossless speculative path): softmax(logits / T) is then one-hot for
+    any logit gap above ~0.03, and float32 overflows to inf/nan below ~1e-36;
+  * top_p is raised to at least 1e-6 (a float32 top_p of 1e-300 is 0 and keeps no token): any top_p at or below
+    the top token's probability (>= 1/vocabulary) keeps that token alone, so the kept set does not change.
 
 tool_choice "required" with a single tool is served as that function named (see prompting.py).
 
@@ -18,20 +26,263 @@ One extension, `"oospec": {...}` (with the openai client: `extra_body={"oospec":
 from __future__ import annotations
 
 import json
-import math
-import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from oospec.errors import SchemaError
-from oospec.server.errors import bad_request
+from oospec.server.errors import APIError, bad_request
 from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
-_UNSUPPORTED_NONZERO = ("presence_penalty", "frequency_penalty")
+MAX_MESSAGES = 2048
+MAX_TOOLS = 128  # OpenAI's limit
+MAX_SCHEMA_DEPTH = 32  # JSON containers nested in a tool's parameters (a schema level is two: object, properties)
+GREEDY_BELOW_TEMPERATURE = 1e-3
+MIN_TOP_P = 1e-6
+FUNCTION_NAME = r"^[A-Za-z0-9_.\-]{1,64}$"
+
+# --------------------------------------------------------------------------------------------------
+# The request on the wire
+# --------------------------------------------------------------------------------------------------
+
+
+class Wire(BaseModel):
+    """Types as JSON has them; unknown fields are ignored."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class TextPart(Wire):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCallIn(Wire):
+    name: str = Field(min_length=1)
+    arguments: str | dict[str, Any] = "{}"  # JSON text of an object (OpenAI), or the object itself
+
+
+class ToolCallIn(Wire):
+    id: str | int | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class Message(Wire):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None  # images and audio are not supported
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | int | None = None
+
+
+class FunctionDef(Wire):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: Any = None  # a JSON Schema object (checked when the tools are read, so that errors name `tools`)
+    strict: bool | None = None
+
+
+class ToolDef(Wire):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+    _given: dict = PrivateAttr(default_factory=dict)  # the definition as sent: the chat template gets it as is
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_given(cls, data: Any, handler) -> ToolDef:
+        tool = handler(data)
+        tool._given = data
+        return tool
+
+
+class FunctionName(Wire):
+    name: str
+
+
+class NamedToolChoice(Wire):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class StreamOptions(Wire):
+    include_usage: bool | None = None
+
+
+class ResponseFormat(Wire):
+    type: Literal["text"]
+
+
+class OospecOptions(Wire):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    dialect: Literal[tuple(DIALECTS)] = "hermes"  # type: ignore[valid-type]
+    tools_in_prompt: bool | None = None
+    return_token_ids: bool | None = None
+    timeout_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
+
+
+def _zero_only(name: str):
+    def check(v):
+        if v not in (None, 0, 0.0):
+            raise ValueError(f"{name} is not supported by this server (only 0)")
+        return v
+    return check
+
+
+class ChatCompletionRequest(Wire):
+    """POST /v1/chat/completions."""
+
+    messages: list[Message] = Field(min_length=1, max_length=MAX_MESSAGES)
+    model: str | None = None
+    tools: list[ToolDef] | None = Field(None, max_length=MAX_TOOLS)
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_tokens: int | None = Field(None, ge=1, le=2**31)
+    max_completion_tokens: int | None = Field(None, ge=1, le=2**31)
+    temperature: float | None = Field(None, ge=0, le=2, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0, le=1, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, lt=2**64)
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    n: Literal[1] | None = Field(None, description="1 only: this server returns one choice")
+    response_format: ResponseFormat | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    oospec: OospecOptions | None = None
+
+    _presence = field_validator("presence_penalty")(_zero_only("presence_penalty"))
+    _frequency = field_validator("frequency_penalty")(_zero_only("frequency_penalty"))
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, v):
+        if v:
+            raise ValueError("logit_bias is not supported by this server")
+        return v
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, v):
+        if v:
+            raise ValueError("logprobs are not supported by this server")
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        stops = [v] if isinstance(v, str) else v or []
+        if len(stops) > MAX_STOP:
+            raise ValueError(f"stop takes at most {MAX_STOP} strings, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+
+# --------------------------------------------------------------------------------------------------
+# The reply on the wire (for /openapi.json; the app builds the same shapes as dicts)
+# --------------------------------------------------------------------------------------------------
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str  # the model's own JSON text, as streamed
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"]
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+
+class Choice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int]
+
+
+class ChatCompletion(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage
+    oospec: dict[str, Any] = Field(description="how the reply was decoded: method, tau, timings")
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+# --------------------------------------------------------------------------------------------------
+# Validation errors as OpenAI's 400s
+# --------------------------------------------------------------------------------------------------
+
+
+def error_param(loc: tuple) -> str | None:
+    """`messages[0].content` from pydantic's location; the union-member tags pydantic adds are dropped."""
+    out = ""
+    for part in loc:
+        if part == "body":
+            continue
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part.isidentifier():
+            out += f".{part}" if out else part
+        # else: a union member ("list[TextPart]", "literal['none','auto']"), a JSON position, a function tag
+    return out or None
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """The first of pydantic's (or FastAPI's) errors as a 400 naming the field."""
+    first = errors[0] if errors else {"type": "", "loc": (), "msg": "invalid request"}
+    kind, loc = first.get("type", ""), tuple(first.get("loc", ()))
+    if kind == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", first.get("msg", ""))
+        return bad_request(f"the request body is not valid JSON: {detail}")
+    param = error_param(loc)
+    if param is None and kind in ("model_attributes_type", "dict_type", "model_type"):
+        return bad_request("the request body must be a JSON object")
+    if param and param.startswith("tool_choice"):
+        param = "tool_choice"
+    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    return bad_request(f"{param}: {msg}" if param else msg, param)
+
+
+# --------------------------------------------------------------------------------------------------
+# The request as the service reads it
+# --------------------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -66,257 +317,120 @@ class ChatRequest:
     def tool_names(self) -> list[str]:
         return [t.name for t in self.tool_schemas or ()]
 
+    @property
+    def text_chars(self) -> int:
+        """Characters of message content, all of which the prompt holds: a bound known before templating."""
+        return sum(len(m["content"] or "") for m in self.messages)
 
-def parse_body(raw: bytes) -> dict:
+
+def parse_chat_request(body: Any, *, default_temperature: float = 0.0) -> ChatRequest:
+    """A JSON value (already parsed) to a ChatRequest, or a 400 naming the field."""
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
-    return body
+        wire = ChatCompletionRequest.model_validate(body)
+    except ValidationError as exc:
+        raise validation_error(exc.errors(include_url=False)) from None
+    return to_chat_request(wire, default_temperature=default_temperature)
 
 
-def parse_chat_request(body: dict, *, default_temperature: float = 0.0) -> ChatRequest:
-    for name in _UNSUPPORTED_NONZERO:
-        value = body.get(name)
-        if value not in (None, 0, 0.0):
-            raise bad_request(f"{name} is not supported by this server (only 0)", name)
-    if body.get("logit_bias"):
-        raise bad_request("logit_bias is not supported by this server", "logit_bias")
-    if body.get("logprobs") or body.get("top_logprobs"):
-        raise bad_request("logprobs are not supported by this server", "logprobs")
-    n = body.get("n")
-    if n is not None and (not _is_int(n) or n != 1):
-        raise bad_request("n must be 1: this server returns one choice", "n")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise bad_request("response_format other than {\"type\": \"text\"} is not supported", "response_format")
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise bad_request("model must be a string", "model")
-
-    tools, schemas = _tools(body.get("tools"))
-    tool_choice, forced = _tool_choice(body.get("tool_choice"), schemas)
-    stream_options = body.get("stream_options") or {}
-    if not isinstance(stream_options, dict):
-        raise bad_request("stream_options must be an object", "stream_options")
+def to_chat_request(wire: ChatCompletionRequest, *, default_temperature: float = 0.0) -> ChatRequest:
+    """What the field types cannot say: roles and content, tools against tool_choice, sampling edge values."""
+    tools, schemas = _tools(wire.tools)
+    tool_choice, forced = _tool_choice(wire.tool_choice, schemas)
+    temperature = wire.temperature if wire.temperature is not None else default_temperature
+    if temperature < GREEDY_BELOW_TEMPERATURE:
+        temperature = 0.0
+    options = wire.oospec or OospecOptions()
+    max_tokens = wire.max_completion_tokens if wire.max_completion_tokens is not None else wire.max_tokens
     return ChatRequest(
-        messages=_messages(body.get("messages")),
+        messages=[_message(m, f"messages[{i}]") for i, m in enumerate(wire.messages)],
         tools=tools,
         tool_schemas=schemas,
         tool_choice=tool_choice,
         forced_function=forced,
-        max_tokens=_max_tokens(body),
-        temperature=_number(body, "temperature", 0.0, 2.0, default_temperature),
-        top_p=_number(body, "top_p", 0.0, 1.0, 1.0, low_open=True),
-        seed=_optional_int(body, "seed"),
-        stop=_stop(body.get("stop")),
-        stream=_bool(body, "stream", False),
-        include_usage=bool(_bool(stream_options, "include_usage", False, "stream_options.include_usage")),
-        parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
-        model=model,
-        options=_options(body.get("oospec")),
+        max_tokens=max_tokens,
+        temperature=float(temperature),
+        top_p=max(float(wire.top_p if wire.top_p is not None else 1.0), MIN_TOP_P),
+        seed=wire.seed,
+        stop=[wire.stop] if isinstance(wire.stop, str) else list(wire.stop or ()),
+        stream=bool(wire.stream),
+        include_usage=bool(wire.stream_options and wire.stream_options.include_usage),
+        parallel_tool_calls=wire.parallel_tool_calls is not False,
+        model=wire.model,
+        options=Options(dialect=options.dialect, tools_in_prompt=bool(options.tools_in_prompt),
+                        return_token_ids=bool(options.return_token_ids), timeout_s=options.timeout_s),
     )
 
 
-# --------------------------------------------------------------------------------------------------
-# Fields
-# --------------------------------------------------------------------------------------------------
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _bool(obj: dict, key: str, default: bool, param: str | None = None) -> bool:
-    v = obj.get(key)
-    if v is None:
-        return default
-    if not isinstance(v, bool):
-        raise bad_request(f"{param or key} must be true or false", param or key)
-    return v
-
-
-def _number(body: dict, key: str, low: float, high: float, default: float, low_open: bool = False) -> float:
-    v = body.get(key)
-    if v is None:
-        return default
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise bad_request(f"{key} must be a number", key)
-    if v > high or v < low or (low_open and v == low):
-        raise bad_request(f"{key} must be in {'(' if low_open else '['}{low:g}, {high:g}], got {v}", key)
-    return float(v)
-
-
-def _optional_int(body: dict, key: str) -> int | None:
-    v = body.get(key)
-    if v is not None and not _is_int(v):
-        raise bad_request(f"{key} must be an integer", key)
-    return v
-
-
-def _max_tokens(body: dict) -> int | None:
-    key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-    v = body.get(key)
-    if v is None:
-        return None
-    if not _is_int(v) or v < 1:
-        raise bad_request(f"{key} must be a positive integer, got {v!r}", key)
-    return v
-
-
-def _stop(v: Any) -> list[str]:
-    if v is None:
-        return []
-    stops = [v] if isinstance(v, str) else v
-    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
-        raise bad_request("stop must be a string or a list of strings", "stop")
-    if len(stops) > MAX_STOP:
-        raise bad_request(f"stop takes at most {MAX_STOP} strings, got {len(stops)}", "stop")
-    if any(not s for s in stops):
-        raise bad_request("stop strings must not be empty", "stop")
-    return stops
-
-
-def _options(v: Any) -> Options:
-    if v is None:
-        return Options()
-    if not isinstance(v, dict):
-        raise bad_request("oospec must be an object", "oospec")
-    unknown = set(v) - {"dialect", "tools_in_prompt", "return_token_ids", "timeout_s"}
-    if unknown:
-        raise bad_request(f"unknown oospec option(s): {', '.join(sorted(unknown))}", "oospec")
-    dialect = v.get("dialect", "hermes")
-    if dialect not in DIALECTS:
-        raise bad_request(f"oospec.dialect must be one of {', '.join(DIALECTS)}, got {dialect!r}", "oospec.dialect")
-    timeout = v.get("timeout_s")
-    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0):
-        raise bad_request("oospec.timeout_s must be a positive number", "oospec.timeout_s")
-    return Options(
-        dialect=dialect,
-        tools_in_prompt=_bool(v, "tools_in_prompt", False, "oospec.tools_in_prompt"),
-        return_token_ids=_bool(v, "return_token_ids", False, "oospec.return_token_ids"),
-        timeout_s=timeout,
-    )
-
-
-# --------------------------------------------------------------------------------------------------
-# Messages
-# --------------------------------------------------------------------------------------------------
-
-
-def _messages(messages: Any) -> list[dict]:
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("messages must be a non-empty list of {\"role\", \"content\"} objects", "messages")
-    return [_message(m, f"messages[{i}]") for i, m in enumerate(messages)]
-
-
-def _message(msg: Any, where: str) -> dict:
-    if not isinstance(msg, dict):
-        raise bad_request(f"{where} must be an object with role and content", where)
-    role = msg.get("role")
-    if role not in ROLES:
-        raise bad_request(f"{where}.role is {role!r}; expected one of {', '.join(ROLES)}", f"{where}.role")
-    if role == "developer":  # OpenAI's newer name for the system role
-        role = "system"
-    out: dict[str, Any] = {"role": role, "content": _content(msg.get("content"), f"{where}.content")}
-    if role == "assistant" and msg.get("tool_calls"):
-        out["tool_calls"] = _tool_calls(msg["tool_calls"], f"{where}.tool_calls")
-        if out["content"] is None:
+def _message(msg: Message, where: str) -> dict:
+    role = "system" if msg.role == "developer" else msg.role  # developer: OpenAI's newer name for system
+    content = msg.content if not isinstance(msg.content, list) else "".join(p.text for p in msg.content)
+    out: dict[str, Any] = {"role": role, "content": content}
+    if role == "assistant" and msg.tool_calls:
+        out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(msg.tool_calls)]
+        if content is None:
             out["content"] = ""
-    elif out["content"] is None:
+    elif content is None:
         raise bad_request(f"{where} ({role}) has no content", f"{where}.content")
     if role == "tool":
-        if msg.get("tool_call_id") is not None:
-            out["tool_call_id"] = str(msg["tool_call_id"])
-        if msg.get("name") is not None:
-            out["name"] = str(msg["name"])
+        if msg.tool_call_id is not None:
+            out["tool_call_id"] = str(msg.tool_call_id)
+        if msg.name is not None:
+            out["name"] = msg.name
     return out
 
 
-def _content(content: Any, where: str) -> str | None:
-    """A string; a list of text parts is joined (images and audio are not supported)."""
-    if content is None or isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for j, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise bad_request(f"{where}[{j}] is a {kind!r} part; only text parts are supported", f"{where}[{j}]")
-            texts.append(part["text"])
-        return "".join(texts)
-    raise bad_request(f"{where} must be a string or a list of text parts", where)
+def _tool_call(call: ToolCallIn, where: str) -> dict:
+    args = call.function.arguments
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except (ValueError, RecursionError):
+            raise bad_request(f"{where}.function.arguments is not valid JSON", f"{where}.function.arguments") from None
+    if not isinstance(args, dict) or json_depth(args) > MAX_SCHEMA_DEPTH:
+        raise bad_request(f"{where}.function.arguments must be a JSON object nested at most {MAX_SCHEMA_DEPTH} deep",
+                          f"{where}.function.arguments")
+    entry = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
+    if call.id is not None:
+        entry["id"] = str(call.id)
+    return entry
 
 
-def _tool_calls(calls: Any, where: str) -> list[dict]:
-    if not isinstance(calls, list):
-        raise bad_request(f"{where} must be a list", where)
-    out = []
-    for i, call in enumerate(calls):
-        w = f"{where}[{i}]"
-        fn = call.get("function") if isinstance(call, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad_request(f"{w} must be {{\"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}", w)
-        args = fn.get("arguments", "{}")
-        if isinstance(args, str):
-            try:
-                args = json.loads(args) if args.strip() else {}
-            except ValueError:
-                raise bad_request(f"{w}.function.arguments is not valid JSON", f"{w}.function.arguments") from None
-        if not isinstance(args, dict):
-            raise bad_request(f"{w}.function.arguments must be a JSON object", f"{w}.function.arguments")
-        entry = {"type": "function", "function": {"name": fn["name"], "arguments": args}}
-        if call.get("id") is not None:
-            entry["id"] = str(call["id"])
-        out.append(entry)
-    return out
+def json_depth(value: Any, limit: int = MAX_SCHEMA_DEPTH + 1) -> int:
+    """How deep containers nest in a parsed JSON value (counted up to `limit`, so never deeper than that)."""
+    depth, level = 0, [value]
+    while level and depth < limit:
+        level = [v for x in level if isinstance(x, dict | list) for v in (x.values() if isinstance(x, dict) else x)]
+        depth += 1
+    return depth if not level else limit
 
 
-# --------------------------------------------------------------------------------------------------
-# Tools
-# --------------------------------------------------------------------------------------------------
-
-
-def _tools(tools: Any) -> tuple[list[dict] | None, list[Tool] | None]:
-    if tools is None or tools == []:
+def _tools(tools: list[ToolDef] | None) -> tuple[list[dict] | None, list[Tool] | None]:
+    if not tools:
         return None, None
-    if not isinstance(tools, list):
-        raise bad_request("tools must be a list of {\"type\": \"function\", \"function\": {...}} objects", "tools")
-    for i, tool in enumerate(tools):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type", "function") != "function":
-            raise bad_request(f"{where} must be an object of type \"function\"", where)
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise bad_request(f"{where}.function must be an object with a name", f"{where}.function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not _FUNCTION_NAME.match(name):
-            raise bad_request(f"{where}.function.name must be 1-64 letters, digits, _ . or -, got {name!r}",
-                              f"{where}.function.name")
+    given = [t._given for t in tools]
+    for i, tool in enumerate(given):
+        if json_depth(tool["function"].get("parameters")) > MAX_SCHEMA_DEPTH:
+            raise bad_request(f"tools[{i}].function.parameters nests deeper than {MAX_SCHEMA_DEPTH} levels",
+                              f"tools[{i}].function.parameters")
     try:
-        schemas = tools_from_openai(tools)
+        schemas = tools_from_openai(given)
     except SchemaError as exc:
         raise bad_request(f"invalid tools: {exc}", "tools") from None
-    return tools, schemas
+    return given, schemas
 
 
-def _tool_choice(choice: Any, schemas: list[Tool] | None) -> tuple[str, str | None]:
+def _tool_choice(choice: str | NamedToolChoice | None, schemas: list[Tool] | None) -> tuple[str, str | None]:
     if choice is None:
         return ("auto" if schemas else "none"), None
-    if choice in ("none", "auto", "required"):
+    if isinstance(choice, str):
         if choice != "none" and not schemas:
             raise bad_request(f"tool_choice {choice!r} needs tools", "tool_choice")
         if choice == "required" and len(schemas) == 1:  # only one function can be called: force its name too
             return "function", schemas[0].name
         return choice, None
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
-        name = choice["function"].get("name")
-        names = [t.name for t in schemas or ()]
-        if name not in names:
-            raise bad_request(f"tool_choice names function {name!r}, which is not among the tools "
-                              f"({', '.join(names) or 'none given'})", "tool_choice")
-        return "function", name
-    raise bad_request("tool_choice must be \"none\", \"auto\", \"required\" or "
-                      "{\"type\": \"function\", \"function\": {\"name\": ...}}", "tool_choice")
+    name = choice.function.name
+    names = [t.name for t in schemas or ()]
+    if name not in names:
+        raise bad_request(f"tool_choice names function {name!r}, which is not among the tools "
+                          f"({', '.join(names) or 'none given'})", "tool_choice")
+    return "function", name

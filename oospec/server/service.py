@@ -12,7 +12,7 @@ from oospec.engine.decode import Generation
 from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine
 from oospec.engine.prefix_cache import PrefixCache
-from oospec.server.errors import APIError, bad_request
+from oospec.server.errors import bad_request
 from oospec.server.prompting import Prompt, build_prompt
 from oospec.server.reply import Reply, ReplyBuilder
 from oospec.server.schemas import ChatRequest
@@ -31,6 +31,8 @@ class ServerConfig:
     budget: int | None = None  # most draft tokens verified per forward (None: the engine's default)
     api_key: str | None = None
     shutdown_grace_s: float = 30.0
+    accept_any_model: bool = False  # False: a request naming another model gets 404, as vLLM answers
+    max_body_mb: float = 4.0  # larger request bodies get 413
 
 
 @dataclass
@@ -65,13 +67,20 @@ class ModelService:
         self.started = time.time()
         self.closed = False
         self.shutting_down = False
+        self.longest_token_chars = longest_token_chars(engine.tokenizer)
 
     # -- on the HTTP side ----------------------------------------------------------------------------------
 
     def prepare(self, req: ChatRequest) -> Work:
-        """The prompt and token budget of a request, or a 400 saying why it cannot be served."""
-        prompt = build_prompt(self.engine, req)
+        """The prompt and token budget of a request, or a 400 saying why it cannot be served. Templating and
+        tokenizing take time (seconds for megabytes), so text that cannot fit is refused before either: no token
+        holds more than `longest_token_chars` characters."""
         context = self.engine.target.max_context
+        chars = req.text_chars
+        if chars > context * self.longest_token_chars:
+            raise bad_request(f"the messages have {chars} characters, more than the model's context of {context} "
+                              f"tokens can hold", "messages", code="context_length_exceeded")
+        prompt = build_prompt(self.engine, req)
         room = context - prompt.ids.size
         if room < 1:
             raise bad_request(f"the prompt has {prompt.ids.size} tokens but the model's context is {context} tokens",
@@ -207,12 +216,7 @@ def drafter_report(drafter: Drafter) -> dict:
     return out
 
 
-def check_api_key(config: ServerConfig, authorization: str | None) -> None:
-    import hmac
-
-    if not config.api_key:
-        return
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not hmac.compare_digest(given.encode(), config.api_key.encode()):
-        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                       type="authentication_error", code="invalid_api_key")
+def longest_token_chars(tokenizer) -> int:
+    """The most characters one token stands for (byte-level tokens: bytes, at least as many as characters)."""
+    pieces = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max(len(p) for p in pieces if p is not None)

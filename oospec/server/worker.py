@@ -7,6 +7,7 @@ the generation checks after every step (a request that timed out, a client that 
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import math
@@ -64,7 +65,7 @@ class Worker:
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_queue))
         self._accepting = True
         self.running: QueuedRequest | None = None
-        self.mean_service_s = 1.0  # running mean of recent jobs' time, for Retry-After
+        self.recent_s: collections.deque[float] = collections.deque([1.0], maxlen=20)  # jobs' times, for Retry-After
         self.served = 0
         self.rejected = 0
         self.failed = 0
@@ -84,10 +85,18 @@ class Worker:
             self._queue.put_nowait(job)
         except queue.Full:
             self.rejected += 1
-            retry = max(1, math.ceil(self.mean_service_s * (self.waiting + 1)))
+            retry = self.retry_after_s()
             raise APIError(429, f"the server is busy ({self.waiting} requests waiting, at most {self.max_queue}); "
                            f"retry after {retry} s", type="rate_limit_error", code="queue_full",
                            headers={"Retry-After": str(retry)}) from None
+
+    def retry_after_s(self) -> int:
+        """When the queue has room again at the earliest if every job takes as long as recent ones did: the
+        running job's remaining time plus that of the jobs waiting (a retry then starts at the back)."""
+        per_job = max(sum(self.recent_s) / len(self.recent_s), max(self.recent_s) / 2)
+        running = self.running
+        left = per_job - (time.monotonic() - running.started_at) if running and running.started_at else 0.0
+        return max(1, math.ceil(max(left, 0.0) + per_job * self.waiting))
 
     def _loop(self) -> None:
         while True:
@@ -117,7 +126,7 @@ class Worker:
                                              type="server_error", code="internal_error"))
         finally:
             elapsed = time.monotonic() - job.started_at
-            self.mean_service_s = 0.7 * self.mean_service_s + 0.3 * elapsed
+            self.recent_s.append(elapsed)
             self.served += 1
             self.running = None
 

@@ -1,0 +1,212 @@
+"""What a request must pass before the app reads it, and the line it leaves in the log.
+
+Plain ASGI middleware (streaming is untouched), outermost first:
+  RequestLog   one log line per request: id, status, seconds, prompt / cached / new tokens, decoding path, tau;
+  APIKeyCheck  `Authorization: Bearer <key>` on every route but /health (401);
+  BodyGuard    a body is JSON (415 otherwise; no Content-Type is read as JSON, as FastAPI does), at most
+               `max_body_bytes` (413), nested at most MAX_JSON_DEPTH deep (400: Python's json parser would
+               recurse once per level).
+A body that is refused is still read to its end (up to DRAIN_LIMIT, then the connection is closed), so that a
+client still sending it gets the answer rather than a reset connection.
+
+`HeaderTimeoutH11` closes connections that do not finish their request headers in time (uvicorn times out only
+idle keep-alive connections after a response, not a socket that never sends a request).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import re
+import time
+
+import anyio
+import numpy as np
+from starlette.responses import JSONResponse
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from oospec.server.errors import APIError, bad_request
+
+log = logging.getLogger("oospec.server")
+
+MAX_JSON_DEPTH = 64
+DRAIN_LIMIT = 256 * 2**20
+# A JSON string, or an unterminated one running to the end: every attempt matches, so the scan is linear.
+_STRING = re.compile(rb'"[^"\\]*(?:\\[\s\S]?[^"\\]*)*(?:"|\Z)')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def json_depth(raw: bytes) -> int:
+    """How deep arrays and objects nest in JSON text, without parsing it (linear time, strings skipped)."""
+    brackets = np.frombuffer(_STRING.sub(b"", raw).translate(None, _NOT_BRACKET), dtype=np.uint8)
+    if brackets.size == 0:
+        return 0
+    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)
+    return int(np.cumsum(steps).max())
+
+
+def check_json_body(raw: bytes) -> None:
+    if json_depth(raw) > MAX_JSON_DEPTH:
+        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep")
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media in ("", "application/json") or media.endswith("+json")
+
+
+async def _answer(exc: APIError, scope, receive, send) -> None:
+    await JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)(scope, receive, send)
+
+
+async def _drain(receive, more: bool, limit: int = DRAIN_LIMIT) -> bool:
+    """Read and drop the rest of a body; False when it ran past `limit` (the connection should then close)."""
+    seen = 0
+    while more:
+        message = await receive()
+        if message["type"] != "http.request":
+            return True
+        seen += len(message.get("body", b""))
+        more = message.get("more_body", False)
+        if seen > limit:
+            return False
+    return True
+
+
+class BodyGuard:
+    def __init__(self, app, max_body_bytes: int):
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or ())
+        limit = self.max_body_bytes
+        if not _is_json(headers.get(b"content-type", b"").decode("latin-1")):
+            await _drain(receive, True)
+            return await _answer(APIError(415, "the request body must be JSON (Content-Type: application/json)",
+                                          code="unsupported_media_type"), scope, receive, send)
+        too_big = APIError(413, f"the request body is larger than this server's limit of {limit / 2**20:g} MB",
+                           code="request_too_large", headers={"Connection": "close"})
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await _drain(receive, True)
+            return await _answer(too_big, scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > limit:
+                chunks.clear()
+                await _drain(receive, more)
+                return await _answer(too_big, scope, receive, send)
+        body = b"".join(chunks)
+        chunks.clear()
+        try:
+            await anyio.to_thread.run_sync(check_json_body, body)
+        except APIError as exc:
+            return await _answer(exc, scope, receive, send)
+        sent = False
+
+        async def replay():
+            nonlocal sent
+            if sent:
+                return await receive()  # after the body: wait for the client to go away
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+
+class APIKeyCheck:
+    """`Authorization: Bearer <key>` (the scheme's name in any case, RFC 7235) on every route but /health."""
+
+    def __init__(self, app, api_key: str | None):
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["path"] != "/health" and self.api_key:
+            headers = dict(scope.get("headers") or ())
+            try:
+                check_api_key(self.api_key, headers.get(b"authorization", b"").decode("latin-1"))
+            except APIError as exc:
+                return await _answer(exc, scope, receive, send)
+        await self.app(scope, receive, send)
+
+
+def check_api_key(api_key: str | None, authorization: str | None) -> None:
+    if not api_key:
+        return
+    scheme, _, given = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), api_key.encode()):
+        raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+                       type="authentication_error", code="invalid_api_key")
+
+
+class RequestLog:
+    """One line per request to the API (not /health): what the endpoint noted in scope["state"]["oospec"]."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] == "/health":
+            return await self.app(scope, receive, send)
+        start, status = time.monotonic(), [0]
+        note = scope.setdefault("state", {}).setdefault("oospec", {})
+
+        async def send_status(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            fields = " ".join(f"{k}={v}" for k, v in note.items())
+            log.info("%s %s %s %.3fs %s", scope["method"], scope["path"], status[0] or "-",
+                     time.monotonic() - start, fields)
+
+
+class HeaderTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol, closing a connection whose next request's headers do not arrive within
+    `header_timeout_s` of the connection opening or the previous response ending."""
+
+    header_timeout_s = 10.0
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_header_timer()
+
+    def connection_lost(self, exc) -> None:
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm_header_timer(self) -> None:
+        waiting_on = self.cycle  # a request whose headers arrive replaces it
+        timer = getattr(self, "_header_timer", None)
+        if timer is not None:
+            timer.cancel()
+
+        def expire():
+            if self.cycle is waiting_on and not self.transport.is_closing():
+                self.transport.close()
+
+        self._header_timer = self.loop.call_later(self.header_timeout_s, expire)
+
+
+def header_timeout_protocol(seconds: float) -> type[HeaderTimeoutH11]:
+    """The protocol class to give uvicorn (`uvicorn.Config(http=...)`) for a header-read timeout of `seconds`."""
+    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout_s": seconds})
