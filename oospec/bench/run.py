@@ -169,11 +169,10 @@ def _record(label: str, sample, m: BenchMethod, run: Run, reference: Reference, 
 
 def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
     """The first position where two token sequences differ (a length difference counts), None if equal."""
-    n = min(a.size, b.size)
-    diff = np.flatnonzero(a[:n] != b[:n])
-    if diff.size:
-        return int(diff[0])
-    return None if a.size == b.size else n
+    from oospec.engine.prefix_cache import common_prefix_length
+
+    n = common_prefix_length([a, b])
+    return None if n == a.size == b.size else n
 
 
 def _accuracy(sample, text: str) -> tuple[bool | None, str | None]:
