@@ -16,6 +16,23 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 SMOLLM2 = "smollm2-135m"
 
 
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """The test's own oospec cache: a test that uses it never touches the real ~/.cache/oospec."""
+    h = tmp_path / "oospec-home"
+    monkeypatch.setenv("OOSPEC_HOME", str(h))
+    return h
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Leave the machine's other core alone while a module's tests run."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session", params=["qwen2", "llama"])
 def tiny(request):
     return tiny_model(request.param)

@@ -1,15 +1,23 @@
-"""Helpers the tests share: tiny random models and the plain greedy reference every method must reproduce.
+"""Helpers the tests share: tiny random models, the plain greedy reference every method must reproduce, and
+the data (tool schemas, chat templates, prompts) that more than one test module reads.
 
 Test modules import these directly (`from helpers import tiny_model`); fixtures live in conftest.py, which
 imports from here and never the other way round. Adversarial drafters are in adversarial.py; the scripted
 sidecar predictors are in sidecar_fakes.py (the sidecar worker process imports that module by name).
 """
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
+from oospec.tools.schema import Param, Tool
 
-def tiny_model(arch: str, seed: int = 0, vocab: int = 320):
+DATA = Path(__file__).resolve().parents[1] / "oospec" / "data"
+VOCAB = 320  # the tiny models' vocabulary
+
+
+def tiny_model(arch: str, seed: int = 0, vocab: int = VOCAB):
     """A random-initialised model of a real architecture, small enough for hundreds of generations."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
@@ -41,3 +49,123 @@ def greedy_reference(model, prompt: np.ndarray, max_new_tokens: int, eos_ids=Non
         pad_token_id=0,
     )
     return out[0, prompt.size :].numpy()
+
+
+def conversation(seed=0, turns=4):
+    """Prompts of a growing conversation: each is the previous one, plus a reply and a new message; one
+    branch goes back to an earlier turn and diverges."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(2, VOCAB, 40)
+    out = [prompt]
+    for _ in range(turns - 1):
+        prompt = np.concatenate([prompt, rng.integers(2, VOCAB, int(rng.integers(5, 30)))])
+        out.append(prompt)
+    out.append(np.concatenate([out[1][:-3], rng.integers(2, VOCAB, 12)]))  # a branch off turn 2
+    out.append(out[2].copy())  # the same prompt again: all but its last token is reused
+    return out
+
+
+# A tool with a parameter of every JSON Schema type, in the OpenAI format.
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name."},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"], "default": "celsius"},
+                "days": {"type": "integer"},
+                "hourly": {"type": "boolean"},
+                "coords": {"type": "array", "items": {"type": "number"}},
+                "filters": {"type": "object", "properties": {"min": {"type": "number"}, "tags": {
+                    "type": "array", "items": {"type": "string"}}}, "required": ["min"]},
+                "note": {"type": ["string", "null"]},
+            },
+            "required": ["city"],
+        },
+    },
+}
+
+
+# The three tools of API-Bank level-1's first prompt.
+APIBANK_TOOLS = [
+    Tool("QueryHealthData", parameters=(Param("user_id"), Param("start_time"), Param("end_time")),
+         required=("user_id", "start_time", "end_time")),
+    Tool("CancelRegistration", parameters=(Param("appointment_id"),), required=("appointment_id",)),
+    Tool("ModifyRegistration", parameters=(Param("appointment_id"), Param("new_appointment_date"),
+                                           Param("urgent", type="boolean")), required=("appointment_id",)),
+]
+
+# A ChatML template small enough to read: the chat template of the tiny models and GGUFs the tests build.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen2.5 / Qwen2.5-Coder chat template (tokenizer_config.json), used to check the hermes dialect byte for byte.
+QWEN25_CHAT_TEMPLATE = """{%- if tools %}
+    {{- '<|im_start|>system\\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\\n<tool_call>\\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\\n<tool_response>\\n' }}
+        {{- message.content }}
+        {{- '\\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\\n' }}
+{%- endif %}
+"""
+
+
+def render_template(template: str, messages, tools=None, add_generation_prompt=False) -> str:
+    """What a chat template renders for these messages, as transformers renders it (no tokenizer needed)."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    rendered, _ = render_jinja_template([messages], tools=tools, chat_template=template,
+                                        add_generation_prompt=add_generation_prompt)
+    return rendered[0]

@@ -1,4 +1,5 @@
-"""Sidecar predictors that misbehave on purpose, built in the sidecar's own process by SidecarClient(factory=...)."""
+"""Sidecar predictors that misbehave on purpose, built in the sidecar's own process by SidecarClient(factory=...),
+and InstantSidecar, a client stand-in that answers in the test's own process."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import os
 import re
 import time
 
-from oospec.sidecar.protocol import Guess, encode_payload
+from oospec.sidecar.protocol import Guess, Payload, encode_payload
 
 
 class FakePredictor:
@@ -72,3 +73,27 @@ def make_fake(**kwargs) -> FakePredictor:
 
 def make_broken(**kwargs):
     raise OSError("weights are corrupt")
+
+
+class InstantSidecar:
+    """Answers at submit time with a fixed payload (or never, with payload=None); a job naming its function
+    (the follow-up once the target has chosen one) gets `slots[function]`, if given."""
+
+    def __init__(self, guesses, slots: dict | None = None):
+        self.guesses = guesses
+        self.slots = slots or {}
+        self.jobs = []
+
+    def submit(self, job, tools):
+        self.jobs.append(job)
+        return {"id": job.request_id, "function": job.function}
+
+    def poll(self, ticket):
+        if ticket["function"] is not None:
+            args = self.slots.get(ticket["function"])
+            return None if args is None else Payload(ticket["id"], Guess(ticket["function"], args), (), size_bytes=60)
+        if self.guesses is None:
+            return None
+        if not self.guesses:  # "no call expected"
+            return Payload(ticket["id"], None, (), size_bytes=40, call_probability=0.1)
+        return Payload(ticket["id"], self.guesses[0], tuple(self.guesses[1:]), size_bytes=80)

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_tools import QWEN25_CHAT_TEMPLATE, render_template
+from helpers import DATA, QWEN25_CHAT_TEMPLATE, render_template
 
 from oospec.datasets import (
     BFCL_SPLITS,
@@ -29,8 +29,6 @@ from oospec.datasets import (
     parse_toolalpaca_input,
 )
 from oospec.tools.dialects import ToolCall, validate
-
-DATA = Path(__file__).resolve().parents[1] / "oospec" / "data"
 
 COUNTS = {
     ("apibank", "1"): 399, ("apibank", "2"): 67, ("apibank", "3"): 131,

@@ -1,43 +1,19 @@
-"""Prefix reuse, streaming callbacks and sampling in the engine: outputs stay those of a cold greedy decode."""
+"""Prefix reuse and streaming callbacks in the engine: outputs stay those of a cold greedy decode."""
 
 import numpy as np
 import pytest
-import torch
 from adversarial import DecoyOracleDrafter, RandomTreeDrafter
-from helpers import greedy_reference
+from helpers import VOCAB, conversation, greedy_reference
 
 from oospec.drafters import make_drafter
 from oospec.engine.drafting import Request
 from oospec.engine.decode import generate
 from oospec.engine.prefix_cache import PrefixCache, common_prefix_length
-from oospec.engine.sampling import sample
 from oospec.engine.target import TargetBackend
 
-VOCAB = 320
 MAX_NEW = 24
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Leave the machine's other core alone while these run."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def conversation(seed=0, turns=4):
-    """Prompts of a growing conversation: each is the previous one, plus a reply and a new message; one
-    branch goes back to an earlier turn and diverges."""
-    rng = np.random.default_rng(seed)
-    prompt = rng.integers(2, VOCAB, 40)
-    out = [prompt]
-    for _ in range(turns - 1):
-        prompt = np.concatenate([prompt, rng.integers(2, VOCAB, int(rng.integers(5, 30)))])
-        out.append(prompt)
-    out.append(np.concatenate([out[1][:-3], rng.integers(2, VOCAB, 12)]))  # a branch off turn 2
-    out.append(out[2].copy())  # the same prompt again: all but its last token is reused
-    return out
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_common_prefix_length():
@@ -143,28 +119,6 @@ def test_on_tokens_sees_every_token_and_can_stop(tiny):
     eos = frozenset({int(reference[3])})
     out = generate(target, make_drafter("pld"), Request(prompt, eos), MAX_NEW)
     assert out.finish_reason == "stop" and out.tokens[-1] == reference[3]
-
-
-def test_sampling_is_seeded_and_tends_to_greedy_at_low_temperature(tiny):
-    target = TargetBackend(tiny)
-    prompt = conversation(2)[0]
-    request = Request(prompt, frozenset())
-    a = sample(target, request, MAX_NEW, temperature=1.0, seed=7)
-    b = sample(target, request, MAX_NEW, temperature=1.0, seed=7)
-    c = sample(target, request, MAX_NEW, temperature=1.0, seed=8)
-    assert np.array_equal(a.tokens, b.tokens) and not np.array_equal(a.tokens, c.tokens)
-    assert a.stats.sampling.startswith("sample(") and a.stats.tau == 1.0
-    # At a tiny temperature, sampling picks the argmax: the sampler reads the right logits at every step.
-    cold = sample(target, request, MAX_NEW, temperature=1e-4, seed=1)
-    assert np.array_equal(cold.tokens, greedy_reference(tiny, prompt, MAX_NEW))
-    # ... also when the prompt starts from a reused prefix, and top_p -> 0 keeps only the top token.
-    cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
-    sample(target, request, 4, temperature=1.0, seed=1, prefix_cache=cache)
-    longer = np.concatenate([prompt, np.arange(30, 40)])
-    out = sample(target, Request(longer, frozenset()), MAX_NEW, temperature=1.0, top_p=1e-6, seed=3,
-                 prefix_cache=cache)
-    assert out.stats.prompt_tokens_reused >= prompt.size
-    assert np.array_equal(out.tokens, greedy_reference(tiny, longer, MAX_NEW))
 
 
 def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar(smollm2_engine):
