@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from oospec.engine.decode import Generation, OnTokens, generate
+from oospec.engine.distribution import SamplingParams
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
@@ -116,6 +117,7 @@ class Engine:
         on_tokens: OnTokens | None = None,
         temperature: float = 0.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
     ) -> Result:
         """Greedy reply to `messages` (or to ready `prompt_ids`).
@@ -127,7 +129,9 @@ class Engine:
         chat_tools, tools_in_prompt, reference_tokens: what drafters may know beyond the messages (see Request).
         prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
         on_tokens: called with the tokens of each step as they are accepted; returning True stops generation.
-        temperature > 0: ordinary sampling, one forward per token, no drafting (`drafter` is not used).
+        temperature > 0: sample from the target's distribution after temperature, top_k (0: all) and top_p,
+        seeded by `seed`; with a drafter, speculatively (trees verified by speculative sampling, the same
+        distribution in fewer forwards), without one, plain sampling, one forward per token.
         """
         if prompt_ids is None:
             if messages is None:
@@ -151,9 +155,13 @@ class Engine:
             tools_in_prompt=tools_in_prompt,
             reference_tokens=reference_tokens,
         )
-        if temperature > 0:
-            gen = sample(self.target, request, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                         prefix_cache=prefix_cache, on_tokens=on_tokens)
+        if temperature > 0 and drafter is None:
+            params = SamplingParams(temperature, top_p, top_k, seed)
+            gen = sample(self.target, request, max_new_tokens, params, prefix_cache=prefix_cache, on_tokens=on_tokens)
+        elif temperature > 0:
+            params = SamplingParams(temperature, top_p, top_k, seed)
+            gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget,
+                           prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=params)
         else:
             gen = generate(self.target, drafter if drafter is not None else Drafter(), request, max_new_tokens,
                            budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens)
