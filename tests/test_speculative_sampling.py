@@ -22,7 +22,7 @@ from helpers import tiny_model
 
 from oospec.engine.acceptance import greedy_accept
 from oospec.engine.decode import generate
-from oospec.engine.distribution import SamplingParams, draw, target_distribution
+from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Candidate, Drafter, Request, build_tree
 from oospec.engine.sampling import sample
 from oospec.engine.speculative_sampling import speculative_accept
@@ -137,13 +137,14 @@ def speculative_counts(target, params, make_tree, verifier=speculative_accept, n
     counts = np.zeros(VOCAB**N_TOKENS, dtype=np.int64)
     for _ in range(n):
         context = list(PROMPT)
-        out = [draw(target_distribution(target.logits_after(context), params), gen)]
+        uniforms = torch.rand(N_TOKENS + 16, generator=gen, dtype=torch.float64)  # trees here are < 16 deep
+        out = [inverse_cdf(target_distribution(target.logits_after(context), params), float(uniforms[0]))]
         while len(out) < N_TOKENS:
             base = context + out
             tree = make_tree(base, rng)
             rows = [target.logits_after(base)]
             rows += [target.logits_after(base + tree.tokens[tree.path_to(i)].tolist()) for i in range(len(tree))]
-            path, token = verifier(tree, torch.stack(rows), params, gen)
+            path, token = verifier(tree, torch.stack(rows), params, uniforms[len(out) :])
             out += tree.tokens[path].tolist() + [token]
         counts[cell(out)] += 1
     return counts
@@ -242,61 +243,80 @@ def test_speculative_sampling_matches_the_exact_distribution(name):
     assert p_value > P_MIN and tv < TV_BOUND, (name, p_value, tv)
 
 
-def wrong_accept(tree, logits, params, generator):
-    """Deliberately wrong: accepts child x with p(x) and never renormalises the residual after a rejection."""
-    children = {ROOT: []} | {i: [] for i in range(len(tree))}
-    for i, parent in enumerate(tree.parents.tolist()):
-        children[parent].append(i)
-    path, node = [], ROOT
-    while True:
-        p = target_distribution(logits[node + 1], params)
-        residual = p.clone()
-        accepted = None
-        for child in children[node]:
-            x = int(tree.tokens[child])
-            if float(torch.rand((), generator=generator, dtype=torch.float64)) < float(p[x]):
-                accepted = child
-                break
-            residual[x] = 0.0
-        if accepted is None:
-            return np.asarray(path, dtype=np.int64), draw(residual if residual.any() else p, generator)
-        path.append(accepted)
-        node = accepted
+def procedural_accept(seed: int, renormalise: bool = True):
+    """The rule as the issue writes it, one uniform per tried child: accept x with probability r(x), on rejection
+    r(x) = 0 and renormalise, else draw from r. renormalise=False is the deliberately wrong verifier: it accepts
+    with p(x) and never renormalises the residual (its draw from r at the end is still normalised)."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def accept(tree, logits, params, uniforms):
+        children = {ROOT: []} | {i: [] for i in range(len(tree))}
+        for i, parent in enumerate(tree.parents.tolist()):
+            children[parent].append(i)
+        path, node = [], ROOT
+        while True:
+            p = target_distribution(logits[node + 1], params)
+            residual = p.clone()
+            accepted, tried = None, set()
+            for child in children[node]:
+                x = int(tree.tokens[child])
+                if x in tried:
+                    continue
+                tried.add(x)
+                u = float(torch.rand((), generator=generator, dtype=torch.float64))
+                if u < float(residual[x] / residual.sum() if renormalise else p[x]):
+                    accepted = child
+                    break
+                residual[x] = 0.0
+            if accepted is None:
+                u = float(torch.rand((), generator=generator, dtype=torch.float64))
+                return np.asarray(path, dtype=np.int64), inverse_cdf(residual if residual.any() else p, u)
+            path.append(accepted)
+            node = accepted
+
+    return accept
 
 
 # On a chain the rule needs no renormalisation (one child per node), so the wrong verifier is wrong on trees.
-@pytest.mark.parametrize("name", ["top-two tree", "duplicate siblings"])
-def test_a_verifier_that_does_not_renormalise_fails(name):
+@pytest.mark.parametrize("name", ["top-two tree", "top-two tree, top-p"])
+def test_the_procedural_rule_passes_and_a_verifier_that_does_not_renormalise_fails(name):
     make, params = SCENARIOS[name]
     target = TableTarget(seed=1)
     probs = exact_joint(target, params)
-    counts = speculative_counts(target, params, make(target, params), verifier=wrong_accept, seed=5)
-    p_value, tv = fits(counts, probs)
-    print(f"wrong verifier, {name}: N={counts.sum()} chi2 p={p_value:.2e} TV={tv:.4f}")
-    assert p_value < P_MIN, (name, p_value, tv)
+    right = speculative_counts(target, params, make(target, params), verifier=procedural_accept(5), seed=5)
+    wrong = speculative_counts(target, params, make(target, params), verifier=procedural_accept(5, False), seed=5)
+    (p_right, tv_right), (p_wrong, tv_wrong) = fits(right, probs), fits(wrong, probs)
+    print(f"procedural rule, {name}: N={right.sum()} chi2 p={p_right:.4f} TV={tv_right:.4f}")
+    print(f"wrong verifier, {name}: N={wrong.sum()} chi2 p={p_wrong:.2e} TV={tv_wrong:.4f}")
+    assert p_right > P_MIN and tv_right < TV_BOUND
+    assert p_wrong < P_MIN and tv_wrong > TV_BOUND, (name, p_wrong, tv_wrong)
 
 
 def test_verifier_unit_cases():
     params = SamplingParams(temperature=1.0)
-    gen = torch.Generator().manual_seed(0)
+    u = torch.full((4,), 0.5, dtype=torch.float64)
     # A token of probability 1 is always accepted; one of probability 0 never is, nor emitted.
     logits = torch.tensor([[0.0, -1e9, -1e9, -1e9]] * 4)
-    path, token = speculative_accept(TokenTree.chain([0, 0]), logits, params, gen)
+    path, token = speculative_accept(TokenTree.chain([0, 0]), logits[:3], params, u)
     assert path.tolist() == [0, 1] and token == 0
-    path, token = speculative_accept(TokenTree(np.array([3, 2, 0]), np.array([ROOT, ROOT, ROOT])), logits, params, gen)
+    path, token = speculative_accept(TokenTree(np.array([3, 2, 0]), np.array([ROOT, ROOT, ROOT])), logits, params, u)
     assert path.tolist() == [2] and token == 0
-    path, token = speculative_accept(TokenTree.chain([1]), logits[:2], params, gen)
+    path, token = speculative_accept(TokenTree.chain([1]), logits[:2], params, u)
     assert path.size == 0 and token == 0
-    # Empty tree: one token from p.
-    path, token = speculative_accept(TokenTree.empty(), logits[:1], params, gen)
-    assert path.size == 0 and token == 0
+    # Duplicate siblings: the first one drafting the token is followed, the later one's subtree is skipped.
+    tree = TokenTree(np.array([0, 0, 0]), np.array([ROOT, ROOT, 1]))
+    path, token = speculative_accept(tree, logits, params, u)
+    assert path.tolist() == [0] and token == 0
+    # Empty tree: the token at u from p; u sweeps the vocabulary in order, and a 0-probability token is skipped.
+    flat = torch.log(torch.tensor([[0.25, 0.25, 0.0, 0.5]]))
+    drawn = [speculative_accept(TokenTree.empty(), flat, params, torch.tensor([x]))[1] for x in (0.0, 0.3, 0.5, 0.99)]
+    assert drawn == [0, 1, 3, 3]
 
 
 def test_greedy_is_the_temperature_zero_limit():
     """At a tiny temperature p is one-hot: speculative sampling accepts exactly what greedy_accept does."""
     target = TableTarget(seed=3, scale=3.0)
     rng = np.random.default_rng(0)
-    gen = torch.Generator().manual_seed(0)
     cold = SamplingParams(temperature=1e-6)
     for _ in range(200):
         # build_tree merges duplicate siblings: with them, greedy_accept may follow a later duplicate's
@@ -306,7 +326,7 @@ def test_greedy_is_the_temperature_zero_limit():
         rows = [target.logits_after(base)]
         rows += [target.logits_after(base + tree.tokens[tree.path_to(i)].tolist()) for i in range(len(tree))]
         logits = torch.stack(rows)
-        path, token = speculative_accept(tree, logits, cold, gen)
+        path, token = speculative_accept(tree, logits, cold, torch.rand(tree.max_depth + 1, dtype=torch.float64))
         greedy_path, bonus = greedy_accept(tree, logits.argmax(-1).numpy())
         assert token == bonus and tree.tokens[path].tolist() == tree.tokens[greedy_path].tolist()
 
@@ -381,14 +401,34 @@ def test_tiny_transformer_speculative_sampling_matches_the_exact_distribution():
     assert p_value > P_MIN and tv < 0.15
 
 
-def test_same_seed_same_output_and_stats_say_speculative():
+def test_same_seed_same_output_whatever_the_drafts_and_stats_say_which_path_ran():
+    """Each output position's token is the inverse-CDF draw of that position's uniform: with the same seed,
+    speculative sampling returns plain sampling's tokens exactly, with any drafter (as greedy speculation
+    returns plain greedy's), and a different seed gives different tokens."""
     target = TableTarget(seed=2)
     request = Request(PROMPT, frozenset())
-    drafter = RandomTreeDrafter(VOCAB, 0, 8)
-    runs = [generate(target, RandomTreeDrafter(VOCAB, 0, 8), request, 40, 8, sampling=SamplingParams(1.0, seed=s))
-            for s in (3, 3, 4)]
-    assert np.array_equal(runs[0].tokens, runs[1].tokens) and not np.array_equal(runs[0].tokens, runs[2].tokens)
-    assert runs[0].stats.sampling == "speculative sample(temperature=1, top_p=1, top_k=0)"
-    assert runs[0].stats.tau > 1.0  # random trees over 4 tokens are accepted now and then
-    greedy = generate(target, drafter, request, 10, 8)
-    assert greedy.stats.sampling == "greedy"
+    for seed in range(5):
+        params = SamplingParams(0.8, top_p=0.95, top_k=3, seed=seed)
+        plain = sample(target, request, 40, params)
+        assert plain.stats.sampling == "sample(temperature=0.8, top_p=0.95, top_k=3)" and plain.stats.tau == 1.0
+        for drafter in (RandomTreeDrafter(VOCAB, seed, 8), LikelyChainDrafter(target, params), Drafter()):
+            spec = generate(target, drafter, request, 40, 8, sampling=params)
+            assert np.array_equal(spec.tokens, plain.tokens), (seed, drafter.name)
+            assert spec.stats.sampling == "speculative sample(temperature=0.8, top_p=0.95, top_k=3)"
+    other = sample(target, request, 40, SamplingParams(0.8, top_p=0.95, top_k=3, seed=99))
+    assert not np.array_equal(other.tokens, plain.tokens)
+    likely = generate(target, LikelyChainDrafter(target, params), request, 40, 8, sampling=params)
+    assert likely.stats.tau > 1.5  # the likely chain is accepted often: fewer forwards than tokens
+    assert generate(target, Drafter(), request, 10, 8).stats.sampling == "greedy"
+
+
+def test_tiny_transformer_speculative_sampling_returns_plain_sampling_tokens(tiny):
+    """Through the real TargetBackend (tree masks, row order, KV commit) on random qwen2 and llama models:
+    the same seed gives plain sampling's tokens with random-tree drafts, also at top-p/top-k cuts."""
+    target = TargetBackend(tiny)
+    request = Request(np.array([5, 17, 3, 99, 42, 7]), frozenset())
+    vocab = tiny.config.vocab_size
+    for seed, params in enumerate([SamplingParams(1.0, seed=0), SamplingParams(0.7, top_p=0.8, top_k=20, seed=1)]):
+        plain = sample(target, request, 24, params)
+        spec = generate(target, RandomTreeDrafter(vocab, seed, 12), request, 24, 12, sampling=params)
+        assert np.array_equal(spec.tokens, plain.tokens)

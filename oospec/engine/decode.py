@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from oospec.engine.acceptance import greedy_accept
-from oospec.engine.distribution import SamplingParams, draw, target_distribution
+from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.speculative_sampling import speculative_accept
@@ -93,7 +93,9 @@ def generate(
     eos = np.fromiter(request.eos_ids, dtype=np.int64)
     check_fits(p, max_new_tokens, target.max_context)
     stats = GenerationStats(sampling="greedy" if sampling is None else f"speculative sample({sampling.describe()})")
-    generator = sampling.generator() if sampling is not None else None
+    # One uniform per output position, as plain sampling draws them (see oospec.engine.speculative_sampling);
+    # trees are pruned to the tokens still wanted, so no node reaches past the last one.
+    uniforms = sampling.uniforms(max_new_tokens) if sampling is not None else None
     finish_reason = "length"
     # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
     seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)
@@ -108,7 +110,8 @@ def generate(
         if sampling is None:
             pending = target.prefill(prompt, start=reused)
         else:
-            pending = draw(target_distribution(target.prefill_logits(prompt, start=reused).cpu(), sampling), generator)
+            pending = inverse_cdf(target_distribution(target.prefill_logits(prompt, start=reused).cpu(), sampling),
+                                  float(uniforms[0]))
         stats.prefill_s = time.perf_counter() - t0
         stats.prompt_tokens_reused = reused
         stats.target_forwards = 1
@@ -136,7 +139,7 @@ def generate(
             if sampling is None:
                 path, bonus = greedy_accept(tree, target.verify(pending, tree))
             else:
-                path, bonus = speculative_accept(tree, target.verify_logits(pending, tree), sampling, generator)
+                path, bonus = speculative_accept(tree, target.verify_logits(pending, tree), sampling, uniforms[n - p :])
             # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
             target.commit(path)
             stats.target_forwards += 1

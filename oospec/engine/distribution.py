@@ -18,7 +18,7 @@ class SamplingParams:
     temperature: float  # > 0; temperature 0 is greedy decoding, which never comes here
     top_p: float = 1.0  # keep the smallest set of most likely tokens whose mass reaches top_p
     top_k: int = 0  # keep the k most likely tokens; 0 keeps all
-    seed: int | None = None  # None: torch's global generator
+    seed: int | None = None  # the per-request generator's seed; None: torch's global generator
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -28,11 +28,12 @@ class SamplingParams:
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
-    def generator(self) -> torch.Generator | None:
-        """A fresh per-request generator: the same seed gives the same draws."""
-        if self.seed is None:
-            return None
-        return torch.Generator(device="cpu").manual_seed(int(self.seed))
+    def uniforms(self, n: int) -> torch.Tensor:
+        """(n,) float64 in [0, 1): one draw per output position, from a per-request generator seeded by `seed`
+        (torch's global one when None). Position j's token is inverse_cdf(p_j, uniforms[j]) in plain and in
+        speculative sampling alike, so the same seed gives the same output whatever the drafts."""
+        generator = None if self.seed is None else torch.Generator(device="cpu").manual_seed(int(self.seed))
+        return torch.rand(n, generator=generator, dtype=torch.float64)
 
     def describe(self) -> str:
         return f"temperature={self.temperature:g}, top_p={self.top_p:g}, top_k={self.top_k}"
@@ -41,7 +42,7 @@ class SamplingParams:
 def target_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """(..., vocab) float64 probabilities of softmax(logits / temperature) restricted to top-k, then top-p.
 
-    Renormalised after the cuts. float64 so that repeated renormalisation in the verifier stays exact."""
+    Renormalised after the cuts; float64 so that cumulative sums over a large vocabulary stay accurate."""
     probs = torch.softmax(logits.double() / params.temperature, dim=-1)
     vocab = probs.shape[-1]
     if 0 < params.top_k < vocab or params.top_p < 1.0:
@@ -56,6 +57,8 @@ def target_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.T
     return probs / probs.sum(-1, keepdim=True)
 
 
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from (vocab,) probabilities (they need not sum to 1)."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+def inverse_cdf(probs: torch.Tensor, u: float) -> int:
+    """The token whose cumulative-probability interval holds u * total: a draw from (vocab,) probs given one
+    uniform u in [0, 1). Tokens of probability 0 have empty intervals and are never returned."""
+    cdf = probs.cumsum(-1)
+    return min(int(torch.searchsorted(cdf, cdf[-1:] * u, right=True)[0]), probs.numel() - 1)

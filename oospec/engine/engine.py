@@ -1,4 +1,4 @@
-"""The user-facing engine: chat messages in, greedy text out, accelerated by a chosen drafter."""
+"""The user-facing engine: chat messages in, greedy or sampled text out, accelerated by a chosen drafter."""
 
 from __future__ import annotations
 
@@ -53,7 +53,8 @@ def validate_messages(messages: Any) -> list[dict]:
 
 
 class Engine:
-    """One target model and its tokenizer; `generate` decodes greedily with any drafter, losslessly."""
+    """One target model and its tokenizer; `generate` decodes with any drafter, losslessly: greedy output is
+    token-identical to plain greedy, sampled output has plain sampling's distribution."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = 16):
         self.model = model
@@ -120,11 +121,12 @@ class Engine:
         top_k: int = 0,
         seed: int | None = None,
     ) -> Result:
-        """Greedy reply to `messages` (or to ready `prompt_ids`).
+        """Greedy (temperature 0) or sampled reply to `messages` (or to ready `prompt_ids`).
 
         tools: OpenAI-style tools passed to the chat template. tool_schemas: the tools as drafters should see
         them (oospec.tools.schema.Tool), for prompts that describe tools in prose; defaults to `tools`.
-        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding.
+        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding
+            (plain sampling at temperature > 0).
         dialect: how the target writes calls (see oospec.tools.dialects); default hermes when tools are given.
         chat_tools, tools_in_prompt, reference_tokens: what drafters may know beyond the messages (see Request).
         prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
@@ -155,15 +157,11 @@ class Engine:
             tools_in_prompt=tools_in_prompt,
             reference_tokens=reference_tokens,
         )
-        if temperature > 0 and drafter is None:
-            params = SamplingParams(temperature, top_p, top_k, seed)
-            gen = sample(self.target, request, max_new_tokens, params, prefix_cache=prefix_cache, on_tokens=on_tokens)
-        elif temperature > 0:
-            params = SamplingParams(temperature, top_p, top_k, seed)
-            gen = generate(self.target, drafter, request, max_new_tokens, budget or self.budget,
-                           prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=params)
+        sampling = SamplingParams(temperature, top_p, top_k, seed) if temperature > 0 else None
+        if sampling is not None and drafter is None:
+            gen = sample(self.target, request, max_new_tokens, sampling, prefix_cache=prefix_cache, on_tokens=on_tokens)
         else:
             gen = generate(self.target, drafter if drafter is not None else Drafter(), request, max_new_tokens,
-                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens)
+                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))

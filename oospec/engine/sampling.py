@@ -1,8 +1,8 @@
 """Plain sampling (temperature > 0), one target forward per token, through the same backend and caches.
 
-The baseline that speculative sampling (decode.generate with SamplingParams) must match in distribution;
-both draw from oospec.engine.distribution.target_distribution. Here tau is 1 and stats.sampling says
-"sample(...)".
+The baseline of speculative sampling (decode.generate with SamplingParams): both draw position j's token as
+inverse_cdf(target_distribution(logits), uniforms[j]), so with the same seed they return the same tokens.
+Here tau is 1 and stats.sampling says "sample(...)".
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 import numpy as np
 
 from oospec.engine.decode import Generation, GenerationStats, OnTokens, check_fits
-from oospec.engine.distribution import SamplingParams, draw, target_distribution
+from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.target import TargetBackend
@@ -32,7 +32,7 @@ def sample(
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     p = prompt.size
     check_fits(p, max_new_tokens, target.max_context)
-    generator = sampling.generator()
+    uniforms = sampling.uniforms(max_new_tokens)  # one per output position, as speculative sampling draws them
     stats = GenerationStats(sampling=f"sample({sampling.describe()})")
     tokens: list[int] = []
     finish_reason = "length"
@@ -44,7 +44,7 @@ def sample(
     stats.prompt_tokens_reused = reused
     t_decode = time.perf_counter()
     while True:
-        token = draw(target_distribution(logits.cpu(), sampling), generator)
+        token = inverse_cdf(target_distribution(logits.cpu(), sampling), float(uniforms[len(tokens)]))
         tokens.append(token)
         stats.target_forwards += 1
         told_to_stop = on_tokens is not None and on_tokens(np.array([token], dtype=np.int64))
