@@ -432,3 +432,31 @@ def test_tiny_transformer_speculative_sampling_returns_plain_sampling_tokens(tin
         plain = sample(target, request, 24, params)
         spec = generate(target, RandomTreeDrafter(vocab, seed, 12), request, 24, 12, sampling=params)
         assert np.array_equal(spec.tokens, plain.tokens)
+
+
+def test_smollm2_engine_samples_speculatively_with_plain_sampling_tokens(smollm2_engine):
+    """Engine.generate at temperature 0.7: with a drafter, speculative (fewer forwards than tokens on a
+    repetitive prompt), with none, plain; the same seed gives the same tokens on both paths."""
+    from oospec.drafters import make_drafter
+
+    messages = [{"role": "user", "content": "Repeat exactly, five times: the quick brown fox jumps over the lazy dog."}]
+    kwargs = dict(max_new_tokens=48, temperature=0.7, top_p=0.95, top_k=50, seed=11)
+    plain = smollm2_engine.generate(messages, **kwargs)
+    spec = smollm2_engine.generate(messages, drafter=make_drafter("pld"), **kwargs)
+    assert plain.stats.sampling.startswith("sample(") and spec.stats.sampling.startswith("speculative sample(")
+    assert np.array_equal(spec.tokens, plain.tokens) and spec.text == plain.text
+    assert spec.stats.target_forwards < plain.stats.target_forwards
+
+
+def test_cli_refuses_bad_sampling_options_before_loading_the_model():
+    from argparse import Namespace
+
+    from oospec.cli.generate import check_sampling_options
+    from oospec.errors import OospecError
+
+    check_sampling_options(Namespace(temperature=0.0, top_p=0.0, top_k=-1, seed=None))  # greedy: unused
+    check_sampling_options(Namespace(temperature=0.7, top_p=0.9, top_k=40, seed=3))
+    for bad in (dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1)):
+        args = dict(temperature=0.7, top_p=1.0, top_k=0, seed=None) | bad
+        with pytest.raises(OospecError):
+            check_sampling_options(Namespace(**args))
