@@ -83,8 +83,9 @@ def generate(
     """Greedy decoding of `request.prompt_ids`, accelerated by `drafter`; token-identical to plain greedy.
 
     budget: the most draft nodes verified per forward.
-    sampling: sample instead (temperature > 0), verifying trees by speculative sampling: the output is
-    distributed exactly as plain sampling's (oospec.engine.speculative_sampling), seeded by sampling.seed.
+    sampling: sample instead (temperature > 0), verifying trees by speculative sampling: the output is exactly
+    the tokens plain sampling (oospec.engine.sampling) draws with the same seed, whatever the drafts
+    (oospec.engine.speculative_sampling).
     prefix_cache: start from the longest cached prefix of the prompt, and keep this request's cache there.
     on_tokens: told the tokens of every step as they are accepted; may end generation (see OnTokens).
     """
@@ -95,7 +96,7 @@ def generate(
     stats = GenerationStats(sampling="greedy" if sampling is None else f"speculative sample({sampling.describe()})")
     # One uniform per output position, as plain sampling draws them (see oospec.engine.speculative_sampling);
     # trees are pruned to the tokens still wanted, so no node reaches past the last one.
-    uniforms = sampling.uniforms(max_new_tokens) if sampling is not None else None
+    uniforms = sampling.uniforms(max(max_new_tokens, 1)) if sampling is not None else None
     finish_reason = "length"
     # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
     seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)

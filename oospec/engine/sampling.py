@@ -32,7 +32,7 @@ def sample(
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     p = prompt.size
     check_fits(p, max_new_tokens, target.max_context)
-    uniforms = sampling.uniforms(max_new_tokens)  # one per output position, as speculative sampling draws them
+    uniforms = sampling.uniforms(max(max_new_tokens, 1))  # one per output position, as speculative sampling draws them
     stats = GenerationStats(sampling=f"sample({sampling.describe()})")
     tokens: list[int] = []
     finish_reason = "length"
