@@ -16,8 +16,8 @@ def add_serve_parser(sub) -> None:
     p = sub.add_parser("serve", help="an OpenAI-compatible chat-completions server (tool calls, streaming)",
                        description="Serve one target model behind POST /v1/chat/completions, GET /v1/models and "
                                    "GET /health. Greedy requests are decoded speculatively (token-identical to "
-                                   "plain greedy); temperature > 0 is ordinary sampling.")
-    p.add_argument("--method", default="toolspec", help="drafter for greedy requests: ar, pld, toolspec, oospec, ...")
+                                   "plain greedy); temperature > 0 is sampled speculatively (plain sampling's distribution).")
+    p.add_argument("--method", default="toolspec", help="drafter: ar, pld, toolspec, oospec, ...")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health "

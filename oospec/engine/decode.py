@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from oospec.engine.acceptance import greedy_accept
+from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
+from oospec.engine.speculative_sampling import speculative_accept
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree
 from oospec.errors import ContextLengthError
@@ -30,7 +32,9 @@ class GenerationStats:
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside drafters (part of decode_s)
     prompt_tokens_reused: int = 0  # prompt tokens restored from a prefix cache instead of prefilled
-    sampling: str = "greedy"  # "greedy" (speculative, lossless) or "sample(temperature=..., top_p=...)"
+    # Which path ran: "greedy" (speculative, lossless), "speculative sample(temperature=..., ...)" (speculative,
+    # distribution-preserving) or "sample(temperature=..., ...)" (plain sampling, one forward per token).
+    sampling: str = "greedy"
 
     @property
     def tau(self) -> float:
@@ -74,10 +78,14 @@ def generate(
     *,
     prefix_cache: PrefixCache | None = None,
     on_tokens: OnTokens | None = None,
+    sampling: SamplingParams | None = None,
 ) -> Generation:
     """Greedy decoding of `request.prompt_ids`, accelerated by `drafter`; token-identical to plain greedy.
 
     budget: the most draft nodes verified per forward.
+    sampling: sample instead (temperature > 0), verifying trees by speculative sampling: the output is exactly
+    the tokens plain sampling (oospec.engine.sampling) draws with the same seed, whatever the drafts
+    (oospec.engine.speculative_sampling).
     prefix_cache: start from the longest cached prefix of the prompt, and keep this request's cache there.
     on_tokens: told the tokens of every step as they are accepted; may end generation (see OnTokens).
     """
@@ -85,7 +93,10 @@ def generate(
     p = prompt.size
     eos = np.fromiter(request.eos_ids, dtype=np.int64)
     check_fits(p, max_new_tokens, target.max_context)
-    stats = GenerationStats()
+    stats = GenerationStats(sampling="greedy" if sampling is None else f"speculative sample({sampling.describe()})")
+    # One uniform per output position, as plain sampling draws them (see oospec.engine.speculative_sampling);
+    # trees are pruned to the tokens still wanted, so no node reaches past the last one.
+    uniforms = sampling.uniforms(max(max_new_tokens, 1)) if sampling is not None else None
     finish_reason = "length"
     # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
     seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)
@@ -97,7 +108,11 @@ def generate(
         # 1. Prefill: the prompt goes into the cache, its last logits give the first (pending) token.
         t0 = time.perf_counter()
         reused = prefix_cache.restore(target, prompt) if prefix_cache is not None else 0
-        pending = target.prefill(prompt, start=reused)
+        if sampling is None:
+            pending = target.prefill(prompt, start=reused)
+        else:
+            pending = inverse_cdf(target_distribution(target.prefill_logits(prompt, start=reused).cpu(), sampling),
+                                  float(uniforms[0]))
         stats.prefill_s = time.perf_counter() - t0
         stats.prompt_tokens_reused = reused
         stats.target_forwards = 1
@@ -120,9 +135,12 @@ def generate(
                 tree = TokenTree.empty()
             stats.draft_s += time.perf_counter() - t_draft
             # 3. Verify: one target forward over the pending token and every node.
-            choice = target.verify(pending, tree)
-            # 4. Accept: the longest path the target agrees with, plus its own next token.
-            path, bonus = greedy_accept(tree, choice)
+            # 4. Accept: greedy, the longest path the target agrees with, plus its own next token; sampling, the
+            #    path speculative sampling accepts, plus the token it draws after it.
+            if sampling is None:
+                path, bonus = greedy_accept(tree, target.verify(pending, tree))
+            else:
+                path, bonus = speculative_accept(tree, target.verify_logits(pending, tree), sampling, uniforms[n - p :])
             # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
             target.commit(path)
             stats.target_forwards += 1

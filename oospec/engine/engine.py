@@ -1,4 +1,4 @@
-"""The user-facing engine: chat messages in, greedy text out, accelerated by a chosen drafter."""
+"""The user-facing engine: chat messages in, greedy or sampled text out, accelerated by a chosen drafter."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from oospec.engine.decode import Generation, OnTokens, generate
+from oospec.engine.distribution import SamplingParams
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
@@ -52,7 +53,8 @@ def validate_messages(messages: Any) -> list[dict]:
 
 
 class Engine:
-    """One target model and its tokenizer; `generate` decodes greedily with any drafter, losslessly."""
+    """One target model and its tokenizer; `generate` decodes with any drafter, losslessly: greedy output is
+    token-identical to plain greedy, sampled output has plain sampling's distribution."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = 16):
         self.model = model
@@ -116,18 +118,22 @@ class Engine:
         on_tokens: OnTokens | None = None,
         temperature: float = 0.0,
         top_p: float = 1.0,
+        top_k: int = 0,
         seed: int | None = None,
     ) -> Result:
-        """Greedy reply to `messages` (or to ready `prompt_ids`).
+        """Greedy (temperature 0) or sampled reply to `messages` (or to ready `prompt_ids`).
 
         tools: OpenAI-style tools passed to the chat template. tool_schemas: the tools as drafters should see
         them (oospec.tools.schema.Tool), for prompts that describe tools in prose; defaults to `tools`.
-        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding.
+        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding
+            (plain sampling at temperature > 0).
         dialect: how the target writes calls (see oospec.tools.dialects); default hermes when tools are given.
         chat_tools, tools_in_prompt, reference_tokens: what drafters may know beyond the messages (see Request).
         prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
         on_tokens: called with the tokens of each step as they are accepted; returning True stops generation.
-        temperature > 0: ordinary sampling, one forward per token, no drafting (`drafter` is not used).
+        temperature > 0: sample from the target's distribution after temperature, top_k (0: all) and top_p,
+        seeded by `seed`; with a drafter, speculatively (trees verified by speculative sampling, the same
+        distribution in fewer forwards), without one, plain sampling, one forward per token.
         """
         if prompt_ids is None:
             if messages is None:
@@ -151,11 +157,11 @@ class Engine:
             tools_in_prompt=tools_in_prompt,
             reference_tokens=reference_tokens,
         )
-        if temperature > 0:
-            gen = sample(self.target, request, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                         prefix_cache=prefix_cache, on_tokens=on_tokens)
+        sampling = SamplingParams(temperature, top_p, top_k, seed) if temperature > 0 else None
+        if sampling is not None and drafter is None:
+            gen = sample(self.target, request, max_new_tokens, sampling, prefix_cache=prefix_cache, on_tokens=on_tokens)
         else:
             gen = generate(self.target, drafter if drafter is not None else Drafter(), request, max_new_tokens,
-                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens)
+                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))

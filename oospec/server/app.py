@@ -72,7 +72,6 @@ def create_app(service: ModelService) -> FastAPI:
                   lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     prepare_limiter: list[anyio.CapacityLimiter] = []  # made on first use, inside the event loop
-    warned_sampling = False
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
@@ -115,16 +114,11 @@ def create_app(service: ModelService) -> FastAPI:
 
     @app.post("/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletion}, **_ERRORS})
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        nonlocal warned_sampling
         note = request.scope.get("state", {}).get("oospec", {})
         req = to_chat_request(body, default_temperature=config.default_temperature)
         if req.model is not None and req.model != config.model_name and not config.accept_any_model:
             raise APIError(404, f"The model `{req.model}` does not exist: this server serves `{config.model_name}`.",
                            param="model", code="model_not_found")
-        if req.temperature > 0 and not warned_sampling:
-            warned_sampling = True
-            log.warning("requests with temperature > 0 arrive: they are sampled one token per forward, without "
-                        "speculation (send temperature 0 for the lossless speculative path)")
         if not prepare_limiter:
             prepare_limiter.append(anyio.CapacityLimiter(PREPARE_AT_ONCE))
         work = await anyio.to_thread.run_sync(service.prepare, req, limiter=prepare_limiter[0])

@@ -147,9 +147,12 @@ class ModelService:
     def _stats(self, work: Work, gen: Generation, reply: Reply, queue_s: float) -> dict:
         s = gen.stats
         greedy = s.sampling == "greedy"
+        speculative = greedy or s.sampling.startswith("speculative")
         out = {
-            "method": self.drafter.name if greedy else "sample",
-            "decoding": "speculative greedy (lossless)" if greedy else s.sampling + ", no speculation",
+            "method": self.drafter.name if speculative else "sample",
+            # greedy is token-identical to plain greedy; speculative sampling has plain sampling's distribution
+            "decoding": "speculative greedy (lossless)" if greedy
+            else s.sampling + ("" if speculative else ", no speculation"),
             "target_forwards": s.target_forwards,
             "tau": round(s.tau, 4),
             "new_tokens": s.new_tokens,
