@@ -17,19 +17,23 @@ WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 MANIFEST_FILES = ("data_manifest.json", "manifest.json")
 
 
-def weights_sha256(adapter: str | Path | None) -> str | None:
-    """SHA-256 of the adapter's weights file (None: no adapter, or no weights file in it)."""
+def _first_file(adapter: str | Path | None, names: tuple[str, ...]) -> Path | None:
+    """The first of `names` that exists in the adapter folder (None: no adapter, or none of them)."""
     if not adapter:
         return None
-    for name in WEIGHTS_FILES:
-        path = Path(adapter) / name
-        if path.is_file():
-            digest = hashlib.sha256()
-            with open(path, "rb") as f:
-                for block in iter(lambda: f.read(1 << 20), b""):
-                    digest.update(block)
-            return digest.hexdigest()
-    return None
+    return next((Path(adapter) / n for n in names if (Path(adapter) / n).is_file()), None)
+
+
+def weights_sha256(adapter: str | Path | None) -> str | None:
+    """SHA-256 of the adapter's weights file (None: no adapter, or no weights file in it)."""
+    path = _first_file(adapter, WEIGHTS_FILES)
+    if path is None:
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -47,13 +51,10 @@ class TrainingManifest:
 
 def training_manifest(adapter: str | Path | None) -> TrainingManifest | None:
     """The adapter's training manifest, or None when it has none (then nothing can be checked)."""
-    if not adapter:
+    path = _first_file(adapter, MANIFEST_FILES)
+    if path is None:
         return None
-    for name in MANIFEST_FILES:
-        path = Path(adapter) / name
-        if path.is_file():
-            doc = json.loads(path.read_text())
-            used = (doc.get("sources") or {}).get("used_train_items") or []
-            return TrainingManifest(str(path), frozenset(doc.get("train_items", [])) | frozenset(used),
-                                    frozenset(doc.get("train_tools", [])))
-    return None
+    doc = json.loads(path.read_text())
+    used = (doc.get("sources") or {}).get("used_train_items") or []
+    return TrainingManifest(str(path), frozenset(doc.get("train_items", [])) | frozenset(used),
+                            frozenset(doc.get("train_tools", [])))
