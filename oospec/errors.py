@@ -21,5 +21,17 @@ class InvalidMessagesError(OospecError):
     """Chat messages that are not a list of {role, content} objects the chat template accepts."""
 
 
+class ChatTemplateError(OospecError):
+    """A chat template that cannot render what it was given (e.g. tools it ignores)."""
+
+
 class SchemaError(OospecError):
     """A tool definition that cannot be turned into a schema."""
+
+
+def did_you_mean(word: str, choices) -> str:
+    """" (did you mean 'x'?)" for the closest of `choices` to a mistyped `word`, or "" when none is close."""
+    import difflib
+
+    close = difflib.get_close_matches(str(word).strip().lower(), [str(c) for c in choices], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

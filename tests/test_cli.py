@@ -128,8 +128,7 @@ def test_every_command_asks_for_the_same_default_sidecar():
     from oospec.sidecar.process import SidecarSettings
 
     parser = build_parser()
-    commands = [["generate", "--messages", "m.json"], ["demo"], ["bench", "run"], ["bench", "serve"],
+    commands = [["generate", "--messages", "m.json"], ["demo"], ["bench", "run"], ["bench", "serve"], ["serve"],
                 ["serve", "--sidecar", SidecarSettings().model]]
     for argv in commands:
         assert sidecar_settings(parser.parse_args(argv)) == SidecarSettings(), argv
-    assert parser.parse_args(["serve"]).sidecar_model is None  # serve runs no sidecar unless asked

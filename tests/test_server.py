@@ -71,8 +71,8 @@ class Server:
         self.log = open(tmp_path / f"server-{self.port}.log", "w+")
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oospec.cli", "serve", "--target", MODEL, "--port", str(self.port), "--threads", "1",
-             "--api-key", KEY, "--log-level", "warning", *extra],
+            [sys.executable, "-m", "oospec.cli", "serve", "--target", MODEL, "--method", "toolspec", "--port",
+             str(self.port), "--threads", "1", "--api-key", KEY, "--log-level", "warning", *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 180
         while True:
@@ -396,7 +396,8 @@ def test_max_tokens_is_capped_by_the_context(engine):
     from oospec.server.schemas import parse_chat_request
     from oospec.server.service import ModelService, ServerConfig
 
-    service = ModelService(engine, ServerConfig(model_name=MODEL, prefix_cache_mb=0, default_max_tokens=99))
+    service = ModelService(engine, ServerConfig(model_name=MODEL, method="toolspec", prefix_cache_mb=0,
+                                                default_max_tokens=99))
     try:
         work = service.prepare(parse_chat_request({"messages": CHAT, "max_tokens": 10**6}))
         assert work.max_new_tokens == engine.target.max_context - work.prompt.ids.size

@@ -19,6 +19,7 @@ import numpy as np
 
 from oospec.bench.config import BenchConfig, BenchError, Cores
 from oospec.bench.hf_peers import AssistedPeer, HFPeer, PromptLookupPeer, optimize_like_target
+from oospec.errors import did_you_mean
 
 REFERENCE = "ar"
 
@@ -284,7 +285,8 @@ def parse_methods(methods: str | list[str]) -> list[str]:
     known = known_methods()
     unknown = [m for m in items if m not in known]
     if unknown:
-        raise BenchError(f"unknown method(s) {', '.join(map(repr, unknown))}; choose from: {', '.join(known)}")
+        raise BenchError(f"unknown method(s) {', '.join(repr(m) + did_you_mean(m, known) for m in unknown)}; "
+                         f"choose from: {', '.join(known)}")
     return [REFERENCE] + [m for m in dict.fromkeys(items) if m != REFERENCE]
 
 

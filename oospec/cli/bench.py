@@ -7,8 +7,16 @@ import sys
 import time
 from pathlib import Path
 
-from oospec.cli.options import add_runtime_options, add_sidecar_options, set_threads, sidecar_settings
+from oospec.cli.options import (add_budget_option, add_command, add_runtime_options, add_sidecar_options,
+                                positive_int, set_threads, sidecar_settings)
 from oospec.models.registry import DEFAULT_SIDECAR, TINY_TARGET
+
+COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
+RUN_EXAMPLE = """oospec bench run --dataset apibank:1 --limit 8 --methods ar,toolspec,oospec
+oospec bench run --model smollm2-135m --dataset bfcl:simple_python --limit 5 --methods ar,pld"""
+SERVE_EXAMPLE = "oospec bench serve --model smollm2-135m --turns 4 --methods ar,toolspec"
+DATASET_HELP = ("apibank (splits 1, 2, 3, all), bfcl (simple_python, multiple, parallel, parallel_multiple, all), "
+                "toolalpaca (eval_simulated), name:split, or a file; a comma list for several")
 
 
 def cmd_bench_cost_curve(args) -> None:
@@ -74,29 +82,32 @@ def cmd_bench_serve(args) -> None:
 
 
 def add_bench_parser(sub) -> None:
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True)
-    p = bench.add_parser("cost-curve", help="time one target forward verifying k tokens on a cached prompt")
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True,
+                                                                      metavar="BENCH_COMMAND")
+    p = add_command(bench, "cost-curve", "time one target forward verifying k tokens on a cached prompt",
+                    COST_CURVE_EXAMPLE)
     p.add_argument("--random-init", metavar="ARCH",
                    help="random weights of a preset architecture (qwen2.5-7b, qwen2.5-1.5b, qwen2.5-0.5b) or a "
                         "config folder, instead of --model")
-    p.add_argument("--prompt-len", type=int, default=580)
-    p.add_argument("--ks", default="1,2,4,8,16,32,64")
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--prompt-len", type=positive_int, default=580)
+    p.add_argument("--ks", default="1,2,4,8,16,32,64", help="comma list of draft sizes k")
+    p.add_argument("--repeats", type=positive_int, default=5)
     p.add_argument("--out", help="write the curve as JSON here")
     add_runtime_options(p)
     p.set_defaults(func=cmd_bench_cost_curve)
 
-    p = bench.add_parser("run", help="speed, identical-output rate and accuracy of decoding methods on benchmarks")
-    p.add_argument("--dataset", help="apibank, bfcl, toolalpaca, name:split or a file; comma list for several")
+    p = add_command(bench, "run", "speed, identical-output rate and accuracy of decoding methods on benchmarks",
+                    RUN_EXAMPLE)
+    p.add_argument("--dataset", help=DATASET_HELP)
     p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
     p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
     p.add_argument("--methods", default="ar,pld,toolspec,hf-pld,oracle",
                    help="comma list: ar, pld, toolspec, oospec, ... (any drafter), oracle, ar-all-cores, hf-pld, "
                         "hf-assisted; ar always runs")
     p.add_argument("--assistant", default=DEFAULT_SIDECAR, help="assistant model for hf-assisted")
-    p.add_argument("--limit", type=int, default=None, help="first N samples of each dataset")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--budget", type=int, default=16, help="most draft tokens verified per forward")
+    p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each dataset (default: all)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    add_budget_option(p)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -106,13 +117,13 @@ def add_bench_parser(sub) -> None:
     add_sidecar_options(p)
     p.set_defaults(func=cmd_bench_run)
 
-    p = bench.add_parser("serve", help="replay a multi-turn API-Bank dialogue against the server: per-turn "
-                                       "latency with and without prefix reuse, ar vs a fast method")
+    p = add_command(bench, "serve", "replay a multi-turn API-Bank dialogue against the server: per-turn latency with "
+                                    "and without prefix reuse, ar vs a fast method", SERVE_EXAMPLE)
     p.add_argument("--methods", default="ar,toolspec,oospec",
                    help="comma list of drafters; each runs with prefix reuse off and on")
     p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
-    p.add_argument("--turns", type=int, default=None, help="replay only the first N turns")
-    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--turns", type=positive_int, default=None, help="replay only the first N turns (default: all)")
+    p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--prefix-cache-mb", type=float, default=512.0)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
     add_runtime_options(p, model_default=TINY_TARGET)

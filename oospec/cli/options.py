@@ -1,49 +1,129 @@
 """The options that several commands share, each defined once, with defaults from the model registry.
 
 Runtime: the target model and how it runs (--model/--target, --dtype, --device, --threads, --no-optimize).
-Sidecar: the out-of-order sidecar's model, adapter, threads and device. `sidecar_settings` turns the parsed
-sidecar options into `make_sidecar`'s settings, so every command starts the same sidecar for the same flags.
+Decoding: --method and --budget, the same default in every command. Sidecar: the out-of-order sidecar's model,
+adapter, threads and device. `sidecar_settings` turns the parsed sidecar options into `make_sidecar`'s
+settings, so every command starts the same sidecar for the same flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from oospec.errors import OospecError
-from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
+from oospec.errors import OospecError, did_you_mean
+from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_SIDECAR, DEFAULT_TARGET, KNOWN_MODELS
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Every option's default in --help (unless it is None or off, or the help names it already), and the
+    description and examples (the epilog) printed as written."""
+
+    def _format_action(self, action):
+        if not action.help and action.option_strings and not _unset(action.default):
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        help = action.help or ""
+        if "%(default)" in help or "(default:" in help or _unset(action.default):
+            return help
+        return help + " (default: %(default)s)"
+
+
+def _unset(default) -> bool:
+    """A default not worth printing: none, a flag that is off, or one argparse hides."""
+    return default is None or default is False or default == argparse.SUPPRESS
+
+
+def add_command(sub, name: str, help: str, example: str, **options) -> argparse.ArgumentParser:
+    """A subcommand whose --help shows defaults and ends with `example`; it takes -v/--verbose too, so that the
+    flag works after the command name as well as before it."""
+    p = sub.add_parser(name, help=help, description=options.pop("description", help), formatter_class=HelpFormatter,
+                       epilog="example:\n  " + example.replace("\n", "\n  "), **options)
+    add_verbose_option(p, default=argparse.SUPPRESS)  # SUPPRESS: leaves the top-level flag's value alone
+    return p
+
+
+def add_verbose_option(p: argparse.ArgumentParser, default=False) -> None:
+    p.add_argument("-v", "--verbose", action="store_true", default=default,
+                   help="show library warnings and weight-loading progress bars")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count of samples, tokens, threads...)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def one_of(names: Iterable[str], what: str) -> Callable[[str], str]:
+    """argparse type: one of `names`, or an error that suggests the closest name."""
+    names = list(names)
+
+    def check(text: str) -> str:
+        if text in names:
+            return text
+        raise argparse.ArgumentTypeError(f"unknown {what} {text!r}{did_you_mean(text, names)}; "
+                                         f"choose one of: {', '.join(names)}")
+
+    check.__name__ = what  # argparse names the type in some messages
+    return check
+
+
+def method_names() -> list[str]:
+    from oospec.drafters import DRAFTERS  # no torch import: cheap at parse time
+
+    return list(DRAFTERS)
+
+
+def add_method_option(p: argparse.ArgumentParser) -> None:
+    """--method: the drafter. One default everywhere (the registry's DEFAULT_METHOD)."""
+    names = method_names()
+    p.add_argument("--method", default=DEFAULT_METHOD, type=one_of(names, "method"), metavar="METHOD",
+                   help=f"decoding method, one of: {', '.join(names)} (ar: plain greedy decoding; oospec: "
+                        "toolspec's drafts plus the sidecar's hints)")
+
+
+def add_budget_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="most draft tokens verified per forward")
 
 
 def add_runtime_options(p: argparse.ArgumentParser, model_default: str = DEFAULT_TARGET) -> None:
     """The target model and how it runs; read back as args.model, args.dtype, args.device, args.threads and
     args.no_optimize."""
-    p.add_argument("--model", "--target", dest="model", default=model_default,
-                   help=f"known model name or local Hugging Face folder (default: {model_default})")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default: cpu)")
+    p.add_argument("--model", "--target", dest="model", default=model_default, metavar="MODEL",
+                   help=f"target model: a known name ({', '.join(KNOWN_MODELS)}) or a local Hugging Face folder")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: float32 on CPU, bfloat16 on CUDA")
-    add_threads_option(p, "--target-threads", what="the target")
+    add_threads_option(p, "--target-threads", what="the target",
+                       default_text="all cores, less the sidecar's while one runs on the CPU")
     p.add_argument("--no-optimize", action="store_true", help="keep the stock transformers kernels")
 
 
-def add_threads_option(p: argparse.ArgumentParser, *aliases: str, what: str = "torch") -> None:
-    p.add_argument("--threads", *aliases, dest="threads", type=int, default=None,
-                   help=f"CPU threads for {what} (default: all cores)")
+def add_threads_option(p: argparse.ArgumentParser, *aliases: str, what: str = "torch",
+                       default_text: str = "all cores") -> None:
+    p.add_argument("--threads", *aliases, dest="threads", type=positive_int, default=None,
+                   help=f"CPU threads for {what} (default: {default_text})")
 
 
-def add_sidecar_options(p: argparse.ArgumentParser, model_default: str | None = DEFAULT_SIDECAR,
-                        device_default: str | None = "cpu") -> None:
-    """The sidecar of --method oospec/sidecar. model_default None: no sidecar unless --sidecar-model is given
-    (`serve`); device_default None: the target's --device (`bench serve`)."""
-    p.add_argument("--sidecar-model", "--sidecar", dest="sidecar_model", metavar="MODEL", default=model_default,
-                   help="the sidecar of --method oospec/sidecar: a known model name or a local Hugging Face folder "
-                        + (f"(default: {model_default})" if model_default else "(default: none)"))
+def add_sidecar_options(p: argparse.ArgumentParser, device_default: str | None = "cpu") -> None:
+    """The sidecar of --method oospec/sidecar (no other method starts one). device_default None: the target's
+    --device (`bench serve`)."""
+    p.add_argument("--sidecar-model", "--sidecar", dest="sidecar_model", metavar="MODEL", default=DEFAULT_SIDECAR,
+                   help="the sidecar of --method oospec/sidecar: a known model name or a local Hugging Face folder")
     p.add_argument("--sidecar-adapter", default="auto",
-                   help="LoRA adapter of the sidecar: auto (the one shipped for the default sidecar model), none (the "
+                   help="LoRA adapter of the sidecar: auto (the one shipped for the sidecar model, if any), none (the "
                         "base model), or an adapter folder")
-    p.add_argument("--sidecar-threads", type=int, default=1, help="CPU threads of the sidecar's own process")
+    p.add_argument("--sidecar-threads", type=positive_int, default=1, help="CPU threads of the sidecar's own process")
     p.add_argument("--sidecar-device", default=device_default,
                    help="the sidecar's device: cpu, cuda:1, ... (default: " + (device_default or "--device") + ")")
 
@@ -54,6 +134,13 @@ def sidecar_settings(args: argparse.Namespace):
 
     return SidecarSettings(model=args.sidecar_model, adapter=args.sidecar_adapter, threads=args.sidecar_threads,
                            device=args.sidecar_device or args.device, dtype=args.dtype)
+
+
+def method_sidecar(args: argparse.Namespace):
+    """The SidecarSettings of the sidecar args.method runs with, or None for the methods that use none."""
+    from oospec.drafters import SIDECAR_DRAFTERS
+
+    return sidecar_settings(args) if args.method in SIDECAR_DRAFTERS else None
 
 
 def set_threads(threads: int | None) -> None:
@@ -70,3 +157,15 @@ def load_json(path: str, what: str):
         raise OospecError(f"{what} file not found: {path}") from None
     except json.JSONDecodeError as exc:
         raise OospecError(f"{what} file {path} is not valid JSON: {exc}") from None
+
+
+def load_tools(path: str) -> list[dict]:
+    """OpenAI-style tools from a JSON file: a list of tools, or an object {"tools": [...]} as in a request body."""
+    tools = load_json(path, "tools")
+    if isinstance(tools, dict) and isinstance(tools.get("tools"), list):
+        tools = tools["tools"]
+    if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools):
+        raise OospecError(f"tools file must be a JSON list of tools (or {{\"tools\": [...]}}); {path} holds "
+                          f"{type(tools).__name__ if not isinstance(tools, list) else 'a list of non-objects'}")
+    return tools
+

@@ -6,58 +6,64 @@ import logging
 import os
 import sys
 
-from oospec.cli.options import add_runtime_options, add_sidecar_options, set_threads, sidecar_settings
+from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
+                                add_sidecar_options, method_sidecar, positive_int)
 from oospec.errors import OospecError
 
 API_KEY_ENV = "OOSPEC_API_KEY"
 
 
+SERVE_EXAMPLE = """oospec serve --port 8000
+oospec serve --model smollm2-135m --method toolspec   # no sidecar
+curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
+  -d '{"messages": [{"role": "user", "content": "Hi"}]}'"""
+
+
 def add_serve_parser(sub) -> None:
-    p = sub.add_parser("serve", help="an OpenAI-compatible chat-completions server (tool calls, streaming)",
-                       description="Serve one target model behind POST /v1/chat/completions, GET /v1/models and "
-                                   "GET /health. Greedy requests are decoded speculatively (token-identical to "
-                                   "plain greedy); temperature > 0 is sampled speculatively (plain sampling's distribution).")
-    p.add_argument("--method", default="toolspec", help="drafter: ar, pld, toolspec, oospec, ...")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    p = add_command(sub, "serve", "an OpenAI-compatible chat-completions server (tool calls, streaming)", SERVE_EXAMPLE,
+                    description="Serve one target model behind POST /v1/chat/completions, GET /v1/models and\n"
+                                "GET /health. Greedy requests are decoded speculatively (token-identical to plain\n"
+                                "greedy); temperature > 0 is sampled speculatively (plain sampling's distribution).\n"
+                                "One log line per request: prompt and new tokens, tau, the path it ran.")
+    add_method_option(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health "
                                      f"(default: ${API_KEY_ENV} if set)")
-    p.add_argument("--served-model-name", help="model id reported to clients (default: --target)")
+    p.add_argument("--served-model-name", help="model id reported to clients (default: --model)")
     p.add_argument("--max-queue", type=int, default=8, help="requests waiting behind the running one; more get 429")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queueing included")
-    p.add_argument("--default-max-tokens", type=int, default=1024, help="when a request sets none")
+    p.add_argument("--default-max-tokens", type=positive_int, default=1024, help="when a request sets none")
     p.add_argument("--default-temperature", type=float, default=0.0,
                    help="when a request sets none (OpenAI's default is 1; 0 is greedy, lossless and fastest)")
     p.add_argument("--prefix-cache-mb", type=float, default=512.0, help="KV memory for prefix reuse; 0 turns it off")
-    p.add_argument("--budget", type=int, default=None, help="most draft tokens verified per forward")
+    add_budget_option(p)
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds in-flight work may take to finish on shutdown before it is cancelled")
     p.add_argument("--accept-any-model", action="store_true",
-                   help="serve requests whatever `model` they name (default: 404 unless it is the served name)")
+                   help="serve requests whatever `model` they name (else 404 unless it is the served name)")
     p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body; larger ones get 413")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send a request's headers before it is closed")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation before serving")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_runtime_options(p)
-    # No sidecar unless --sidecar names its model: then it runs for the drafter (method oospec).
-    add_sidecar_options(p, model_default=None)
+    add_sidecar_options(p)
     p.set_defaults(func=cmd_serve)
 
 
 def make_server_drafter(args):
-    """The server's one drafter (it learns across requests), and the sidecar client it uses, if any."""
+    """The server's one drafter (it learns across requests), and the sidecar client it uses, if any: a sidecar
+    starts for --method oospec/sidecar only, with the same settings (adapter auto) as every other command."""
     from oospec.drafters import make_drafter
 
     sidecar = None
     options = {}
-    if args.sidecar_model:
-        try:
-            from oospec.sidecar.process import make_sidecar
-        except ImportError as exc:
-            raise OospecError(f"--sidecar needs the oospec.sidecar package, which cannot be imported here ({exc})") \
-                from None
-        sidecar = options["sidecar"] = make_sidecar(sidecar_settings(args))
+    settings = method_sidecar(args)
+    if settings is not None:
+        from oospec.sidecar.process import make_sidecar
+
+        sidecar = options["sidecar"] = make_sidecar(settings)
     try:
         drafter = make_drafter(args.method, **options)
     except (ValueError, TypeError) as exc:
@@ -69,9 +75,11 @@ def make_server_drafter(args):
 
 def build_service(args):
     from oospec.engine.engine import Engine
+    from oospec.pipeline import target_threads, use_threads
     from oospec.server.service import ModelService, ServerConfig
 
-    set_threads(args.threads)
+    use_threads(target_threads(args.threads, method_sidecar(args)))
+    # The target first: a bad model fails before the sidecar's process is started (it takes seconds to load).
     engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
     if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
         engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
@@ -94,6 +102,7 @@ def build_service(args):
 
 
 def cmd_serve(args) -> None:
+    import torch
     import uvicorn
 
     from oospec.server.app import GracefulServer, create_app
@@ -103,8 +112,9 @@ def cmd_serve(args) -> None:
     service = build_service(args)
     app = create_app(service)
     c = service.config
-    print(f"oospec serve: {c.model_name} ({c.method}) on http://{args.host}:{args.port}/v1 "
-          f"(queue {c.max_queue}, prefix cache {c.prefix_cache_mb:g} MB, API key {'on' if c.api_key else 'off'})",
+    sidecar = f", sidecar {service.sidecar.model}" if service.sidecar is not None else ""
+    print(f"oospec serve: {c.model_name} ({c.method}{sidecar}, {torch.get_num_threads()} target threads) on "
+          f"http://{args.host}:{args.port}/v1 (queue {c.max_queue}, prefix cache {c.prefix_cache_mb:g} MB, API key {'on' if c.api_key else 'off'})",
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             http=header_timeout_protocol(args.header_timeout),

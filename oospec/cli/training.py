@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oospec.cli.options import add_threads_option, set_threads
+from oospec.cli.options import add_command, add_threads_option, positive_int, set_threads
 from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 
@@ -86,8 +86,10 @@ def cmd_eval(args) -> None:
 
 
 def add_sidecar_parser(sub) -> None:
-    sc = sub.add_parser("sidecar", help="train and evaluate the sidecar").add_subparsers(dest="sidecar_cmd", required=True)
-    p = sc.add_parser("traces", help="split by tool, then record the teacher's calls (resumable)")
+    sc = sub.add_parser("sidecar", help="train and evaluate the sidecar").add_subparsers(
+        dest="sidecar_cmd", required=True, metavar="SIDECAR_COMMAND")
+    p = add_command(sc, "traces", "split by tool, then record the teacher's calls (resumable)",
+                    "oospec sidecar traces --out runs/sidecar-data --train-items 60")
     p.add_argument("--out", default="runs/sidecar-data")
     p.add_argument("--teacher", default=DEFAULT_TARGET)
     p.add_argument("--seed", type=int, default=0)
@@ -100,7 +102,8 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     add_threads_option(p)
     p.set_defaults(func=cmd_traces)
-    p = sc.add_parser("train", help="LoRA on the sidecar's task rows")
+    p = add_command(sc, "train", "LoRA on the sidecar's task rows",
+                    "oospec sidecar train --traces runs/sidecar-data/train_traces.jsonl --out runs/sidecar-adapter")
     p.add_argument("--traces", default="runs/sidecar-data/train_traces.jsonl")
     p.add_argument("--out", default="runs/sidecar-adapter")
     p.add_argument("--base", default=DEFAULT_SIDECAR)
@@ -116,14 +119,15 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     add_threads_option(p)
     p.set_defaults(func=cmd_train)
-    p = sc.add_parser("eval", help="agreement with the teacher on held-out tools, base vs trained")
+    p = add_command(sc, "eval", "agreement with the teacher on held-out tools, base vs trained",
+                    "oospec sidecar eval --adapter runs/sidecar-adapter")
     p.add_argument("--traces", default="runs/sidecar-data/heldout_traces.jsonl")
     p.add_argument("--base", default=DEFAULT_SIDECAR)
     p.add_argument("--adapter", default=None)
     p.add_argument("--from-bench", default=None, metavar="SAMPLES_JSONL",
                    help="held-out traces from a `bench run`: its ar outputs are the teacher's calls")
     p.add_argument("--from-bench-dataset", default="apibank:1", help="dataset[:split] of --from-bench")
-    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--limit", type=positive_int, default=None, help="first N traces (default: all)")
     p.add_argument("--out", default=None, help="JSON results here (and a .md table beside it)")
     add_threads_option(p)
     p.add_argument("--skip-base", action="store_true", help="evaluate the adapter only")

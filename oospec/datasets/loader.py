@@ -12,6 +12,7 @@ from oospec.datasets.bfcl import BFCL_SPLITS, bfcl_file, load_bfcl
 from oospec.datasets.generic import generic_samples
 from oospec.datasets.sample import DatasetError, Samples, read_records
 from oospec.datasets.toolalpaca import load_toolalpaca, toolalpaca_samples
+from oospec.errors import did_you_mean
 
 
 def detect_format(records: Sequence[Any]) -> str:
@@ -77,7 +78,7 @@ def load_dataset(name: str, split: str | int | None = None, limit: int | None = 
     elif Path(name).exists():
         samples = load_path(name, **kwargs)
     else:
-        raise DatasetError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)} or give a file path")
+        raise DatasetError(f"unknown dataset {name!r}{did_you_mean(key, DATASETS)}; choose one of {', '.join(DATASETS)} or give a file path")
     if limit is not None:
         samples = samples.head(limit)
     return samples

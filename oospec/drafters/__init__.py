@@ -10,6 +10,7 @@ from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar import OoOSpecDrafter, SidecarDrafter
 from oospec.drafters.toolspec import ToolSpecDrafter
 from oospec.engine.drafting import Drafter
+from oospec.errors import did_you_mean
 
 DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "ar": Drafter,  # no drafts: plain greedy decoding through the same loop, the baseline of every method
@@ -27,7 +28,7 @@ def make_drafter(method: str, **options) -> Drafter:
     try:
         factory = DRAFTERS[method]
     except KeyError:
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(DRAFTERS)}") from None
+        raise ValueError(f"unknown method {method!r}{did_you_mean(method, DRAFTERS)}; choose one of: {', '.join(DRAFTERS)}") from None
     return factory(**options)
 
 

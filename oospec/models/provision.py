@@ -28,7 +28,7 @@ from pathlib import Path
 
 from oospec.errors import ModelIntegrityError, ModelNotFoundError, OospecError
 from oospec.models.convert import convert_gguf, has_weights
-from oospec.models.registry import KNOWN_MODELS, ModelSpec, get_spec
+from oospec.models.registry import KNOWN_MODELS, ModelSpec, get_spec, unknown_model_message
 
 MARKER = "oospec-model.json"
 _CHUNK = 4 * 1024 * 1024
@@ -64,16 +64,8 @@ def _download_dir(spec: ModelSpec) -> Path:
 def _require_spec(name: str) -> ModelSpec:
     spec = get_spec(name)
     if spec is None:
-        raise ModelNotFoundError(_unknown_model_message(name))
+        raise ModelNotFoundError(unknown_model_message(name, folder_ok=False))  # pull: names only
     return spec
-
-
-def _unknown_model_message(name: str) -> str:
-    known = ", ".join(sorted(KNOWN_MODELS))
-    return (
-        f"Unknown model {name!r}. Known models: {known}. "
-        "A local Hugging Face model folder (one with a config.json) also works: pass its path."
-    )
 
 
 # --------------------------------------------------------------------------------------------- status
@@ -430,4 +422,4 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, progress: bool = True
             f"{path} is a file; oospec wants a model folder (with config.json) or a known model name: "
             f"{', '.join(sorted(KNOWN_MODELS))}. To use a GGUF file, convert it with transformers first."
         )
-    raise ModelNotFoundError(_unknown_model_message(text))
+    raise ModelNotFoundError(unknown_model_message(text))

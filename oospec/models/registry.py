@@ -96,10 +96,20 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 }
 
 
-# The models the commands use unless told otherwise: written here once.
+# What every command and the Python API (oospec.load) use unless told otherwise: written here once.
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"  # also the draft assistant of hf-assisted and the sidecar's training base
 TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs (`oospec bench serve`)
+DEFAULT_METHOD = "oospec"  # toolspec's drafts plus the sidecar's hints (the shipped sidecar and its adapter)
+DEFAULT_BUDGET = 16  # most draft tokens verified per target forward
+
+
+def unknown_model_message(name: str, folder_ok: bool = True) -> str:
+    """What to tell a user whose model name is not known; `folder_ok`: a local folder would also do."""
+    from oospec.errors import did_you_mean
+
+    message = f"unknown model {name!r}{did_you_mean(name, KNOWN_MODELS)}; known models: {', '.join(sorted(KNOWN_MODELS))}"
+    return message + (" (or a local Hugging Face model folder with a config.json)" if folder_ok else "")
 
 
 def get_spec(name: str) -> ModelSpec | None:

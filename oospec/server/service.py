@@ -7,11 +7,13 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from oospec.drafters import make_drafter
+from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
 from oospec.engine.decode import Generation
 from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine
 from oospec.engine.prefix_cache import PrefixCache
+from oospec.errors import OospecError
+from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD
 from oospec.server.errors import bad_request
 from oospec.server.prompting import Prompt, build_prompt
 from oospec.server.reply import Reply, ReplyBuilder
@@ -22,13 +24,13 @@ from oospec.server.worker import Cancelled, QueuedRequest, Worker, timeout_error
 @dataclass
 class ServerConfig:
     model_name: str  # the id /v1/models reports and responses carry
-    method: str = "toolspec"
+    method: str = DEFAULT_METHOD  # oospec needs the sidecar client passed to ModelService (or a ready drafter)
     max_queue: int = 8  # requests waiting behind the running one; more are refused with 429
     request_timeout_s: float = 600.0  # from arrival, queueing included
     default_max_tokens: int = 1024  # when a request gives none (always capped by the context)
     default_temperature: float = 0.0  # OpenAI's default is 1; greedy is this server's, for lossless speed
     prefix_cache_mb: float = 512.0  # 0 turns prefix reuse off
-    budget: int | None = None  # most draft tokens verified per forward (None: the engine's default)
+    budget: int = DEFAULT_BUDGET  # most draft tokens verified per forward
     api_key: str | None = None
     shutdown_grace_s: float = 30.0
     accept_any_model: bool = False  # False: a request naming another model gets 404, as vLLM answers
@@ -60,7 +62,11 @@ class ModelService:
     def __init__(self, engine: Engine, config: ServerConfig, drafter: Drafter | None = None, sidecar=None):
         self.engine = engine
         self.config = config
-        self.drafter = drafter if drafter is not None else make_drafter(config.method)
+        if drafter is None and config.method in SIDECAR_DRAFTERS and sidecar is None:
+            raise OospecError(f"method {config.method!r} needs a sidecar: pass sidecar=make_sidecar(...) "
+                              "(oospec.sidecar.process), or choose another method (e.g. toolspec)")
+        self.drafter = drafter if drafter is not None else make_drafter(
+            config.method, **({"sidecar": sidecar} if config.method in SIDECAR_DRAFTERS else {}))
         self.sidecar = sidecar
         self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2**20)) if config.prefix_cache_mb > 0 else None
         self.worker = Worker(self.execute, config.max_queue)

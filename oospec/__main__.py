@@ -1,0 +1,7 @@
+"""`python -m oospec ...`: the `oospec` command."""
+
+import sys
+
+from oospec.cli import main
+
+sys.exit(main())
