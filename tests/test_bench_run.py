@@ -231,3 +231,41 @@ def test_allowed_trained_items_digest_and_fresh_sidecar_cache(tiny_engine, tmp_p
     assert len(sidecar_runs) == 4
     # call_p 1.0: the sidecar met the conversation cold, though the warm-up and oospec had just sent it the item.
     assert all(r["sidecar"]["call_probability"] == 1.0 for r in sidecar_runs), sidecar_runs
+
+
+def _sampled_run(engine, out, seed: int, methods=("ar", "pld", "toolspec", "oracle")):
+    cfg = BenchConfig(datasets=["apibank"], methods=list(methods), target="tiny-random", limit=2, max_new_tokens=24,
+                      budget=8, out=out, progress=False, echo=False, temperature=0.9, top_p=0.95, seed=seed)
+    bench_run.run_benchmark(cfg, engine=engine)
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def test_sampled_bench_run_is_seeded_and_lossless(tiny_engine, bench_result, tmp_path):
+    """--temperature: `ar` samples plainly and every method speculatively with the item's seed, so each returns
+    exactly ar's tokens; the same --seed gives the same run, another seed another one."""
+    first = _sampled_run(tiny_engine, tmp_path / "a", seed=7)
+    again = _sampled_run(tiny_engine, tmp_path / "b", seed=7)
+    other = _sampled_run(tiny_engine, tmp_path / "c", seed=8)
+    assert all(r["identical"] for r in first), [(r["sample_id"], r["method"]) for r in first if not r["identical"]]
+    assert [r["text"] for r in first] == [r["text"] for r in again]
+    assert [r["text"] for r in first if r["method"] == "ar"] != [r["text"] for r in other if r["method"] == "ar"]
+    greedy = [json.loads(line) for line in (bench_result["out"] / "samples.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in first if r["method"] == "ar"] != [r["text"] for r in greedy if r["method"] == "ar"]
+    assert {r["sampling"].split("(")[0] for r in first if r["method"] == "ar"} == {"sample"}
+    assert {r["sampling"].split("(")[0] for r in first if r["method"] != "ar"} == {"speculative sample"}
+    oracle = [r for r in first if r["method"] == "oracle"]
+    assert all(r["tau"] > 2 for r in oracle)  # ar's own sampled tokens, all accepted: the coupling at work
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["decoding"]["mode"] == "sampling" and run["decoding"]["temperature"] == 0.9
+    assert "--temperature 0.9 --top-p 0.95 --top-k 0 --seed 7" in run["command"]
+    assert "decoding: sampling, temperature 0.9" in (tmp_path / "a" / "report.md").read_text()
+
+
+def test_sampled_bench_refuses_greedy_only_peers_and_bad_options(tmp_path):
+    for extra, message in ((dict(methods=["ar", "hf-pld"], temperature=0.7), "greedily only"),
+                           (dict(temperature=-1.0), "--temperature must be >= 0"),
+                           (dict(temperature=0.7, top_p=0.0), "top_p")):
+        cfg = BenchConfig(datasets=["apibank"], limit=1, out=tmp_path, progress=False, echo=False,
+                          **{"methods": ["ar"], **extra})
+        with pytest.raises(BenchError, match=message):
+            bench_run.run_benchmark(cfg)  # refused before any model is loaded (none is given)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,12 @@ class BenchConfig:
     limit: int | None = None
     max_new_tokens: int = 128
     budget: int = 16
+    # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see
+    # item_seed), so `ar` is plain sampling and a lossless method returns exactly its tokens (coupled draws).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
     # The target's torch threads while a sidecar method runs; every other method gets these plus the sidecar's
     # (see Cores). None: all cores torch would use, less the sidecar's.
     threads: int | None = None
@@ -74,6 +81,25 @@ class Cores:
                 "rule": "every method gets `total` CPU threads: sidecar methods split them between the target and "
                         "the sidecar's process, the others give them all to the target; ar-all-cores uses every "
                         "core, ar-target-threads the target's share only (the secondary baseline)"}
+
+
+def item_seed(cfg: BenchConfig, dataset: str, sample_id) -> int:
+    """The sampling seed of one item: the run's --seed and the item, so every method of a run draws the same
+    uniforms on it (and a rerun with the same --seed the same tokens), while items differ from one another."""
+    return (int(cfg.seed) * 1_000_003 + zlib.crc32(f"{dataset}\x1f{sample_id}".encode())) % 2**63
+
+
+def check_sampling(cfg: BenchConfig) -> None:
+    """Refuse bad sampling options before any model is loaded."""
+    if cfg.temperature < 0:
+        raise BenchError(f"--temperature must be >= 0, got {cfg.temperature}")
+    if cfg.temperature > 0:
+        from oospec.engine.distribution import SamplingParams
+
+        try:
+            SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.seed)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
 
 
 def plan_cores(cfg: BenchConfig, default_threads: int, with_sidecar: bool) -> Cores:

@@ -54,6 +54,7 @@ def cmd_bench_run(args) -> None:
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
         sidecar_adapter=args.sidecar_adapter, allow_trained_items=args.allow_trained_items,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
     ))
 
 
@@ -97,6 +98,13 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N samples of each dataset")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budget", type=int, default=16, help="most draft tokens verified per forward")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (default); > 0: every method samples, `ar` plainly, the others speculatively, "
+                        "with the same seed per item")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0: nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0: the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="with --temperature > 0: the run's seed (items get their own "
+                                                       "from it)")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
