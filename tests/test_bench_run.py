@@ -269,3 +269,19 @@ def test_sampled_bench_refuses_greedy_only_peers_and_bad_options(tmp_path):
                           **{"methods": ["ar"], **extra})
         with pytest.raises(BenchError, match=message):
             bench_run.run_benchmark(cfg)  # refused before any model is loaded (none is given)
+
+
+def test_offset_and_held_out_only_select_items(tmp_path):
+    """--offset skips items, --held-out-only drops the adapter's training items before --limit counts."""
+    (_, all_items), = load_datasets(BenchConfig(datasets=["apibank"], split="1", limit=12))
+    (_, shifted), = load_datasets(BenchConfig(datasets=["apibank"], split="1", offset=3, limit=4))
+    assert [s.id for s in shifted] == [s.id for s in all_items[3:7]]
+    folder = _adapter(tmp_path, train_items=[all_items[4].id], train_tools=[all_items[5].gold[0].name])
+    trained = bench_run.trained_item_filter(str(folder))
+    (_, held), = load_datasets(BenchConfig(datasets=["apibank"], split="1", offset=3, limit=4), exclude=trained)
+    assert all_items[4].id not in {s.id for s in held} and len(held) == 4
+    assert not any(trained(s) for s in held)
+    assert bench_run.trained_item_filter(None) is None
+    for bad, message in ((dict(limit=0), "--limit must be at least 1"), (dict(offset=-1), "--offset must be >= 0")):
+        with pytest.raises(BenchError, match=message):
+            load_datasets(BenchConfig(datasets=["apibank"], **bad))

@@ -65,11 +65,11 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         names = parse_methods(cfg.methods)
         check_sampling(cfg)
         check_methods_sample(names, cfg.temperature)
-        datasets = load_datasets(cfg)
         if cfg.budget < 1 or cfg.max_new_tokens < 1:
             raise BenchError("--budget and --max-new-tokens must be at least 1")
         with_sidecar = any(uses_sidecar(m) for m in names)
         adapter = _resolved_adapter(cfg) if with_sidecar else None
+        datasets = load_datasets(cfg, exclude=trained_item_filter(adapter) if cfg.held_out_only else None)
         trained = check_trained_items(datasets, adapter, cfg.allow_trained_items)
         cores = plan_cores(cfg, torch.get_num_threads(), with_sidecar)
         if cores.target != cores.total and TARGET_THREADS not in names:
@@ -213,6 +213,17 @@ def _start_sidecar(cfg: BenchConfig):
     return sidecar
 
 
+def trained_item_filter(adapter: str | None):
+    """For --held-out-only: a predicate true of the items the adapter's training manifest lists (or whose gold
+    call uses a tool it was trained on); None when there is no manifest (nothing to drop)."""
+    from oospec.sidecar.provenance import training_manifest
+
+    manifest = training_manifest(adapter)
+    if manifest is None:
+        return None
+    return lambda s: bool(manifest.overlap(s.id, {c.name for c in s.gold or []}))
+
+
 def check_trained_items(datasets, adapter: str | None, allow: bool) -> list[dict]:
     """The items the adapter's training manifest lists, or that call a tool it was trained on: refused unless
     `allow`, then warned about loudly and returned (for run.json). Empty when the adapter has no manifest."""
@@ -271,6 +282,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "decoding": decoding_note(cfg),
         "methods": names,
         "datasets": [label for label, _ in datasets],
+        "items": {label: [s.id for s in samples] for label, samples in datasets},
         "eos_ids": sorted(int(i) for i in engine.eos_ids),
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
     }
@@ -356,6 +368,10 @@ def command_line(cfg: BenchConfig) -> str:
     for d in cfg.data:
         parts += ["--data", d]
     parts += ["--methods", ",".join(methods), "--target", cfg.target]
+    if cfg.offset:
+        parts += ["--offset", str(cfg.offset)]
+    if cfg.held_out_only:
+        parts.append("--held-out-only")
     if cfg.limit is not None:
         parts += ["--limit", str(cfg.limit)]
     parts += ["--max-new-tokens", str(cfg.max_new_tokens), "--budget", str(cfg.budget)]

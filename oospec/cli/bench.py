@@ -49,6 +49,7 @@ def cmd_bench_run(args) -> None:
     run_benchmark(BenchConfig(
         datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
         methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
+        offset=args.offset, held_out_only=args.held_out_only,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
@@ -96,6 +97,9 @@ def add_bench_parser(sub) -> None:
                         "hf-assisted; ar always runs")
     p.add_argument("--assistant", default=DEFAULT_SIDECAR, help="assistant model for hf-assisted")
     p.add_argument("--limit", type=int, default=None, help="first N samples of each dataset")
+    p.add_argument("--offset", type=int, default=0, help="skip the first N samples of each dataset")
+    p.add_argument("--held-out-only", action="store_true",
+                   help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--budget", type=int, default=16, help="most draft tokens verified per forward")
     p.add_argument("--temperature", type=float, default=0.0,
