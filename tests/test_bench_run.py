@@ -231,3 +231,57 @@ def test_allowed_trained_items_digest_and_fresh_sidecar_cache(tiny_engine, tmp_p
     assert len(sidecar_runs) == 4
     # call_p 1.0: the sidecar met the conversation cold, though the warm-up and oospec had just sent it the item.
     assert all(r["sidecar"]["call_probability"] == 1.0 for r in sidecar_runs), sidecar_runs
+
+
+def _sampled_run(engine, out, seed: int, methods=("ar", "pld", "toolspec", "oracle")):
+    cfg = BenchConfig(datasets=["apibank"], methods=list(methods), target="tiny-random", limit=2, max_new_tokens=24,
+                      budget=8, out=out, progress=False, echo=False, temperature=0.9, top_p=0.95, seed=seed)
+    bench_run.run_benchmark(cfg, engine=engine)
+    return [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+
+
+def test_sampled_bench_run_is_seeded_and_lossless(tiny_engine, bench_result, tmp_path):
+    """--temperature: `ar` samples plainly and every method speculatively with the item's seed, so each returns
+    exactly ar's tokens; the same --seed gives the same run, another seed another one."""
+    first = _sampled_run(tiny_engine, tmp_path / "a", seed=7)
+    again = _sampled_run(tiny_engine, tmp_path / "b", seed=7)
+    other = _sampled_run(tiny_engine, tmp_path / "c", seed=8)
+    assert all(r["identical"] for r in first), [(r["sample_id"], r["method"]) for r in first if not r["identical"]]
+    assert [r["text"] for r in first] == [r["text"] for r in again]
+    assert [r["text"] for r in first if r["method"] == "ar"] != [r["text"] for r in other if r["method"] == "ar"]
+    greedy = [json.loads(line) for line in (bench_result["out"] / "samples.jsonl").read_text().splitlines()]
+    assert [r["text"] for r in first if r["method"] == "ar"] != [r["text"] for r in greedy if r["method"] == "ar"]
+    assert {r["sampling"].split("(")[0] for r in first if r["method"] == "ar"} == {"sample"}
+    assert {r["sampling"].split("(")[0] for r in first if r["method"] != "ar"} == {"speculative sample"}
+    oracle = [r for r in first if r["method"] == "oracle"]
+    assert all(r["tau"] > 2 for r in oracle)  # ar's own sampled tokens, all accepted: the coupling at work
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["decoding"]["mode"] == "sampling" and run["decoding"]["temperature"] == 0.9
+    assert "--temperature 0.9 --top-p 0.95 --top-k 0 --seed 7" in run["command"]
+    assert "decoding: sampling, temperature 0.9" in (tmp_path / "a" / "report.md").read_text()
+
+
+def test_sampled_bench_refuses_greedy_only_peers_and_bad_options(tmp_path):
+    for extra, message in ((dict(methods=["ar", "hf-pld"], temperature=0.7), "greedily only"),
+                           (dict(temperature=-1.0), "--temperature must be >= 0"),
+                           (dict(temperature=0.7, top_p=0.0), "top_p")):
+        cfg = BenchConfig(datasets=["apibank"], limit=1, out=tmp_path, progress=False, echo=False,
+                          **{"methods": ["ar"], **extra})
+        with pytest.raises(BenchError, match=message):
+            bench_run.run_benchmark(cfg)  # refused before any model is loaded (none is given)
+
+
+def test_offset_and_held_out_only_select_items(tmp_path):
+    """--offset skips items, --held-out-only drops the adapter's training items before --limit counts."""
+    (_, all_items), = load_datasets(BenchConfig(datasets=["apibank"], split="1", limit=12))
+    (_, shifted), = load_datasets(BenchConfig(datasets=["apibank"], split="1", offset=3, limit=4))
+    assert [s.id for s in shifted] == [s.id for s in all_items[3:7]]
+    folder = _adapter(tmp_path, train_items=[all_items[4].id], train_tools=[all_items[5].gold[0].name])
+    trained = bench_run.trained_item_filter(str(folder))
+    (_, held), = load_datasets(BenchConfig(datasets=["apibank"], split="1", offset=3, limit=4), exclude=trained)
+    assert all_items[4].id not in {s.id for s in held} and len(held) == 4
+    assert not any(trained(s) for s in held)
+    assert bench_run.trained_item_filter(None) is None
+    for bad, message in ((dict(limit=0), "--limit must be at least 1"), (dict(offset=-1), "--offset must be >= 0")):
+        with pytest.raises(BenchError, match=message):
+            load_datasets(BenchConfig(datasets=["apibank"], **bad))

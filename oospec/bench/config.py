@@ -5,10 +5,12 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import re
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from oospec.datasets.sample import Samples
 from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 
@@ -25,8 +27,16 @@ class BenchConfig:
     split: str | None = None  # applies to every dataset given without ":split"
     data: list[str] = field(default_factory=list)  # extra dataset files (load_path)
     limit: int | None = None
+    offset: int = 0  # skip the first N items of each dataset (before held_out_only and limit)
+    held_out_only: bool = False  # drop the items the sidecar adapter was trained on (else they are refused)
     max_new_tokens: int = 128
     budget: int = 16
+    # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see
+    # item_seed), so `ar` is plain sampling and a lossless method returns exactly its tokens (coupled draws).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
     # The target's torch threads while a sidecar method runs; every other method gets these plus the sidecar's
     # (see Cores). None: all cores torch would use, less the sidecar's.
     threads: int | None = None
@@ -76,6 +86,25 @@ class Cores:
                         "core, ar-target-threads the target's share only (the secondary baseline)"}
 
 
+def item_seed(cfg: BenchConfig, dataset: str, sample_id) -> int:
+    """The sampling seed of one item: the run's --seed and the item, so every method of a run draws the same
+    uniforms on it (and a rerun with the same --seed the same tokens), while items differ from one another."""
+    return (int(cfg.seed) * 1_000_003 + zlib.crc32(f"{dataset}\x1f{sample_id}".encode())) % 2**63
+
+
+def check_sampling(cfg: BenchConfig) -> None:
+    """Refuse bad sampling options before any model is loaded."""
+    if cfg.temperature < 0:
+        raise BenchError(f"--temperature must be >= 0, got {cfg.temperature}")
+    if cfg.temperature > 0:
+        from oospec.engine.distribution import SamplingParams
+
+        try:
+            SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.seed)
+        except ValueError as exc:
+            raise BenchError(str(exc)) from None
+
+
 def plan_cores(cfg: BenchConfig, default_threads: int, with_sidecar: bool) -> Cores:
     """`default_threads`: torch's own choice (all physical cores)."""
     on_cpu = with_sidecar and cfg.sidecar_device == "cpu"
@@ -92,25 +121,32 @@ def _dataset_label(spec: str, split: str | None) -> str:
     return spec
 
 
-def load_datasets(cfg: BenchConfig) -> list[tuple[str, list]]:
-    """[(label, samples)] for every dataset asked for, validated before any model is loaded."""
+def load_datasets(cfg: BenchConfig, exclude: Callable[[object], bool] | None = None) -> list[tuple[str, list]]:
+    """[(label, samples)] for every dataset asked for, validated before any model is loaded: each dataset's items
+    after `cfg.offset`, less those `exclude` names, at most `cfg.limit` of them."""
     from oospec.datasets import load_dataset, load_path
 
     specs = [s.strip() for s in cfg.datasets if s and s.strip()]
     if not specs and not cfg.data:
         raise BenchError("no dataset given: use --dataset apibank|bfcl|toolalpaca (comma list) or --data PATH")
+    if cfg.limit is not None and cfg.limit < 1:
+        raise BenchError(f"--limit must be at least 1, got {cfg.limit}")
+    if cfg.offset < 0:
+        raise BenchError(f"--offset must be >= 0, got {cfg.offset}")
+
+    def select(samples):
+        kept = [s for s in samples[cfg.offset:] if exclude is None or not exclude(s)]
+        return Samples(kept if cfg.limit is None else kept[: cfg.limit], getattr(samples, "skipped", ()))
+
     out: list[tuple[str, list]] = []
     for spec in specs:
         split = None if ":" in spec or Path(spec).exists() else cfg.split
-        samples = load_dataset(spec, split=split, limit=cfg.limit)  # DatasetError (an OospecError) if unknown
-        out.append((_dataset_label(spec, split), samples))
+        samples = load_dataset(spec, split=split)  # DatasetError (an OospecError) if unknown
+        out.append((_dataset_label(spec, split), select(samples)))
     for path in cfg.data:
         if not Path(path).exists():
             raise BenchError(f"--data file not found: {path}")
-        samples = load_path(path)
-        if cfg.limit is not None:
-            samples = samples[: max(0, int(cfg.limit))]
-        out.append((Path(path).stem, samples))
+        out.append((Path(path).stem, select(load_path(path))))
     labels = [label for label, _ in out]
     if len(set(labels)) != len(labels):
         raise BenchError(f"the same dataset is listed twice: {', '.join(labels)}")

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from oospec.bench.config import BenchConfig, BenchError, Cores
+from oospec.bench.config import BenchConfig, BenchError, Cores, item_seed
 from oospec.bench.hf_peers import AssistedPeer, HFPeer, PromptLookupPeer, optimize_like_target
 from oospec.errors import did_you_mean
 
@@ -52,13 +52,14 @@ class Shared:
     sidecar_last_item: tuple | None = None  # (dataset, sample id) of the sidecar's last job
 
 
-def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, budget: int) -> Run:
-    """The one call of Engine.generate in the benchmark."""
+def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: BenchConfig) -> Run:
+    """The one call of Engine.generate in the benchmark: greedy, or sampled with the item's seed."""
     t0 = time.perf_counter()
     # The only sample metadata a drafter sees: gold answers and source files stay out of the request.
     result = engine.generate(sample.messages, prompt_ids=prompt_ids, drafter=drafter, max_new_tokens=max_new_tokens,
-                             budget=budget, tool_schemas=sample.tools, dialect=sample.dialect,
-                             tools_in_prompt=sample.meta.get("tools_in_prompt"))
+                             budget=cfg.budget, tool_schemas=sample.tools, dialect=sample.dialect,
+                             tools_in_prompt=sample.meta.get("tools_in_prompt"), temperature=cfg.temperature,
+                             top_p=cfg.top_p, top_k=cfg.top_k, seed=item_seed(cfg, sample.dataset, sample.id))
     e2e = time.perf_counter() - t0
     st = result.stats
     return Run(result.tokens.astype(np.int64), {
@@ -70,11 +71,13 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, budget: i
         "decode_s": st.decode_s,
         "e2e_s": e2e,
         "draft_s": st.draft_s,
+        "sampling": st.sampling,
     })
 
 
 class BenchMethod:
     uses_sidecar = False
+    greedy_only = False  # cannot sample with the run's per-item seed (so cannot match `ar` when sampling)
 
     def __init__(self, name: str, shared: Shared):
         self.name = name
@@ -101,19 +104,19 @@ class BenchMethod:
 
 
 class EngineMethod(BenchMethod):
-    """One of our drafters (`oospec.drafters.DRAFTERS`) through the engine, greedy."""
+    """One of our drafters (`oospec.drafters.DRAFTERS`) through the engine; `ar` is the engine without one
+    (plain greedy decoding, or plain sampling, one forward per token)."""
 
     def make_drafter(self):
         from oospec.drafters import make_drafter
 
-        return make_drafter(self.name)
+        return None if self.name == REFERENCE else make_drafter(self.name)
 
     def start(self) -> None:
         self.drafter = self.make_drafter()
 
     def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
-        cfg = self.shared.cfg
-        return generate(self.shared.engine, sample, prompt_ids, self.drafter, max_new_tokens, cfg.budget)
+        return generate(self.shared.engine, sample, prompt_ids, self.drafter, max_new_tokens, self.shared.cfg)
 
 
 class ArAtThreadsMethod(EngineMethod):
@@ -127,9 +130,7 @@ class ArAtThreadsMethod(EngineMethod):
         raise NotImplementedError
 
     def make_drafter(self):
-        from oospec.drafters import make_drafter
-
-        return make_drafter(REFERENCE)
+        return None  # `ar`
 
 
 class AllCoresMethod(ArAtThreadsMethod):
@@ -214,6 +215,8 @@ class OoOSpecWaitMethod(SidecarMethod):
 class HFMethod(BenchMethod):
     """A Hugging Face peer, timed end to end; its decode time is that minus `ar`'s prefill on the sample."""
 
+    greedy_only = True  # HF samples with its own generator: its tokens could not be compared with `ar`'s
+
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
         self.peer = self.make_peer()  # one for the whole run: it keeps no state between samples
@@ -292,6 +295,14 @@ def parse_methods(methods: str | list[str]) -> list[str]:
 
 def uses_sidecar(name: str) -> bool:
     return method_class(name).uses_sidecar
+
+
+def check_methods_sample(names: list[str], temperature: float) -> None:
+    """Refuse, before any model loads, a method that cannot sample as `ar` does at this temperature."""
+    greedy = [m for m in names if method_class(m).greedy_only]
+    if temperature > 0 and greedy:
+        raise BenchError(f"{', '.join(greedy)} decode(s) greedily only in this benchmark; drop them with "
+                         f"--temperature {temperature:g}")
 
 
 def build_methods(names: list[str], shared: Shared) -> list[BenchMethod]:

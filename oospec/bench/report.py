@@ -251,6 +251,10 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
                      f"(run with --allow-trained-items); see run.json `trained_items`**")
     lines.append(f"- max_new_tokens {header['max_new_tokens']}, budget {header['budget']}, "
                  f"hf-pld prompt_lookup_num_tokens {PROMPT_LOOKUP_NUM_TOKENS}")
+    decoding = header.get("decoding") or {"mode": "greedy"}
+    if decoding["mode"] == "sampling":
+        lines.append(f"- decoding: sampling, temperature {decoding['temperature']:g}, top_p {decoding['top_p']:g}, "
+                     f"top_k {decoding['top_k']}, seed {decoding['seed']}; identical = {decoding['identical']}")
     lines.append(f"- software: torch {mi['torch']}, transformers {mi['transformers']}, python {mi['python']}")
     lines.append(f"- started {header['started']}, took {header.get('elapsed_s', 0):.0f} s")
     for ds, rows in summary.items():

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from oospec.bench.config import BenchConfig, BenchError, Cores, default_out_dir, load_datasets, plan_cores
-from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods, parse_methods,
-                                  uses_sidecar)
+from oospec.bench.config import (BenchConfig, BenchError, Cores, check_sampling, default_out_dir, load_datasets,
+                                 plan_cores)
+from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods,
+                                  check_methods_sample, parse_methods, uses_sidecar)
 from oospec.bench.report import format_report, plot_speedup, public_summary, summarize, summarize_sidecar, to_json
 
 log = logging.getLogger("oospec.bench")
@@ -62,11 +63,13 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
 
     with torch_threads(None):
         names = parse_methods(cfg.methods)
-        datasets = load_datasets(cfg)
+        check_sampling(cfg)
+        check_methods_sample(names, cfg.temperature)
         if cfg.budget < 1 or cfg.max_new_tokens < 1:
             raise BenchError("--budget and --max-new-tokens must be at least 1")
         with_sidecar = any(uses_sidecar(m) for m in names)
         adapter = _resolved_adapter(cfg) if with_sidecar else None
+        datasets = load_datasets(cfg, exclude=trained_item_filter(adapter) if cfg.held_out_only else None)
         trained = check_trained_items(datasets, adapter, cfg.allow_trained_items)
         cores = plan_cores(cfg, torch.get_num_threads(), with_sidecar)
         if cores.target != cores.total and TARGET_THREADS not in names:
@@ -210,6 +213,17 @@ def _start_sidecar(cfg: BenchConfig):
     return sidecar
 
 
+def trained_item_filter(adapter: str | None):
+    """For --held-out-only: a predicate true of the items the adapter's training manifest lists (or whose gold
+    call uses a tool it was trained on); None when there is no manifest (nothing to drop)."""
+    from oospec.sidecar.provenance import training_manifest
+
+    manifest = training_manifest(adapter)
+    if manifest is None:
+        return None
+    return lambda s: bool(manifest.overlap(s.id, {c.name for c in s.gold or []}))
+
+
 def check_trained_items(datasets, adapter: str | None, allow: bool) -> list[dict]:
     """The items the adapter's training manifest lists, or that call a tool it was trained on: refused unless
     `allow`, then warned about loudly and returned (for run.json). Empty when the adapter has no manifest."""
@@ -265,8 +279,10 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "trained_items": trained,
         "max_new_tokens": cfg.max_new_tokens,
         "budget": cfg.budget,
+        "decoding": decoding_note(cfg),
         "methods": names,
         "datasets": [label for label, _ in datasets],
+        "items": {label: [s.id for s in samples] for label, samples in datasets},
         "eos_ids": sorted(int(i) for i in engine.eos_ids),
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
     }
@@ -288,6 +304,18 @@ def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: di
         print(report)
         print(f"written to {out}")
     return {"summary": public, "out": out, "report": report, "divergences": divergences}
+
+
+def decoding_note(cfg: BenchConfig) -> dict:
+    """How every method decodes in this run, and what `identical` means for it."""
+    if cfg.temperature <= 0:
+        return {"mode": "greedy", "identical": "the same token ids as ar, plain greedy decoding"}
+    return {"mode": "sampling", "temperature": cfg.temperature, "top_p": cfg.top_p, "top_k": cfg.top_k,
+            "seed": cfg.seed,
+            "identical": "the same token ids as ar, plain sampling with the item's seed (oospec.bench.config."
+                         "item_seed): speculative sampling draws position j's token from the same uniform as "
+                         "plain sampling, so a lossless method returns exactly ar's tokens; the distribution "
+                         "itself is checked by the statistical tests in tests/test_speculative_sampling.py"}
 
 
 def cpu_model() -> str:
@@ -340,9 +368,16 @@ def command_line(cfg: BenchConfig) -> str:
     for d in cfg.data:
         parts += ["--data", d]
     parts += ["--methods", ",".join(methods), "--target", cfg.target]
+    if cfg.offset:
+        parts += ["--offset", str(cfg.offset)]
+    if cfg.held_out_only:
+        parts.append("--held-out-only")
     if cfg.limit is not None:
         parts += ["--limit", str(cfg.limit)]
     parts += ["--max-new-tokens", str(cfg.max_new_tokens), "--budget", str(cfg.budget)]
+    if cfg.temperature > 0:
+        parts += ["--temperature", f"{cfg.temperature:g}", "--top-p", f"{cfg.top_p:g}", "--top-k", str(cfg.top_k),
+                  "--seed", str(cfg.seed)]
     if cfg.threads:
         parts += ["--target-threads", str(cfg.threads)]
     if any(uses_sidecar(m.strip()) for m in methods):

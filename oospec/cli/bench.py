@@ -57,11 +57,13 @@ def cmd_bench_run(args) -> None:
     run_benchmark(BenchConfig(
         datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
         methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
+        offset=args.offset, held_out_only=args.held_out_only,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
         sidecar_adapter=args.sidecar_adapter, allow_trained_items=args.allow_trained_items,
+        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
     ))
 
 
@@ -106,8 +108,18 @@ def add_bench_parser(sub) -> None:
                         "hf-assisted; ar always runs")
     p.add_argument("--assistant", default=DEFAULT_SIDECAR, help="assistant model for hf-assisted")
     p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each dataset (default: all)")
+    p.add_argument("--offset", type=int, default=0, help="skip the first N samples of each dataset")
+    p.add_argument("--held-out-only", action="store_true",
+                   help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_budget_option(p)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy; > 0: every method samples, `ar` plainly, the others speculatively, "
+                        "with the same seed per item")
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0: nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0: the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=0, help="with --temperature > 0: the run's seed (items get their own "
+                                                       "from it)")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
