@@ -346,3 +346,26 @@ def test_argparse_errors_name_the_option(capsys):
     """argparse's own wording around our messages: the option is named."""
     err = parse_error(["bench", "run", "--limit", "zero"], capsys)
     assert "--limit" in err and "expected an integer >= 1" in err
+
+
+def test_the_server_logs_one_line_per_request(smollm2_engine, caplog):
+    """What ran for each request, in the server's log: method, prompt and new tokens, tau and the path taken."""
+    import logging
+
+    import openai
+
+    from oospec.server.replay import serving
+    from oospec.server.service import ModelService, ServerConfig
+
+    caplog.set_level(logging.INFO, logger="oospec.server")
+    service = ModelService(smollm2_engine, ServerConfig(MODEL, method="pld", prefix_cache_mb=0))
+    try:
+        with serving(service) as url:
+            client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
+    finally:
+        service.close()
+    [line] = [r.getMessage() for r in caplog.records if "/v1/chat/completions" in r.getMessage()]
+    assert line.startswith("POST /v1/chat/completions 200 ")
+    for field in ("method=pld", "prompt_tokens=", "new=4", "tau=", "path=pld", "finish=length"):
+        assert field in line, (field, line)

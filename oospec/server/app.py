@@ -122,7 +122,7 @@ def create_app(service: ModelService) -> FastAPI:
         if not prepare_limiter:
             prepare_limiter.append(anyio.CapacityLimiter(PREPARE_AT_ONCE))
         work = await anyio.to_thread.run_sync(service.prepare, req, limiter=prepare_limiter[0])
-        note.update(id=work.id, prompt_tokens=int(work.prompt.ids.size))
+        note.update(id=work.id, method=config.method, prompt_tokens=int(work.prompt.ids.size))
         timeout_s = service.timeout_for(req)
         if req.stream:
             return await _stream(service, work, timeout_s, request, note)
