@@ -100,16 +100,23 @@ def attach(engine: Engine, method: str, sidecar: SidecarSettings | None, budget:
            **drafter_options) -> Pipeline:
     """A Pipeline around a loaded engine: the drafter of `method`, and the sidecar's process when `sidecar` is
     given (the caller's SidecarSettings; None for the methods that use no sidecar)."""
+    drafter, client = start_drafter(method, sidecar, **drafter_options)
+    return Pipeline(engine, drafter, method, client, budget)
+
+
+def start_drafter(method: str, sidecar: SidecarSettings | None,
+                  **drafter_options) -> tuple[Drafter, SidecarClient | None]:
+    """The drafter of `method` and the sidecar process it drafts with (started from `sidecar`, when given): every
+    command and oospec.load start them here, so the same settings give the same sidecar (adapter auto)."""
     client = make_sidecar(sidecar) if sidecar is not None else None
     if client is not None:
         drafter_options["sidecar"] = client
     try:
-        drafter = make_drafter(method, **drafter_options)
+        return make_drafter(method, **drafter_options), client
     except (ValueError, TypeError) as exc:
         if client is not None:
             client.close()
         raise OospecError(f"cannot make drafter {method!r}: {exc}") from None
-    return Pipeline(engine, drafter, method, client, budget)
 
 
 def use_threads(threads: int | None) -> None:
@@ -163,5 +170,5 @@ def sidecar_lines(report) -> list[str]:
     return [f"sidecar sent no payload ({report.fault or 'none arrived in time'}): decoding went on without hints"]
 
 
-__all__ = ["Pipeline", "attach", "check_template_renders_tools", "load", "sidecar_lines", "target_threads",
-           "use_threads"]
+__all__ = ["Pipeline", "attach", "check_template_renders_tools", "load", "sidecar_lines", "start_drafter",
+           "target_threads", "use_threads"]

@@ -131,7 +131,8 @@ def test_serve_drafts_as_oospec_with_the_shipped_sidecar_unless_told(recorded_si
 
     drafter, sidecar = make_server_drafter(build_parser().parse_args(["serve", "--method", "oospec"]))
     [(model, options)] = recorded_sidecar
-    assert model == DEFAULT_SIDECAR and options["adapter"] == str(process.ADAPTERS_DIR / process.SHIPPED_ADAPTERS[model])
+    shipped = process.ADAPTERS_DIR / process.SHIPPED_ADAPTERS[model]
+    assert model == DEFAULT_SIDECAR and options["adapter"] == str(shipped)
     assert drafter.name == "oospec" and drafter.sidecar_drafter.sidecar is sidecar
     drafter, sidecar = make_server_drafter(build_parser().parse_args(["serve", "--method", "toolspec"]))
     assert sidecar is None and drafter.name == "toolspec" and len(recorded_sidecar) == 1

@@ -8,7 +8,6 @@ import sys
 
 from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
                                 add_sidecar_options, method_sidecar, positive_int)
-from oospec.errors import OospecError
 
 API_KEY_ENV = "OOSPEC_API_KEY"
 
@@ -55,22 +54,9 @@ def add_serve_parser(sub) -> None:
 def make_server_drafter(args):
     """The server's one drafter (it learns across requests), and the sidecar client it uses, if any: a sidecar
     starts for --method oospec/sidecar only, with the same settings (adapter auto) as every other command."""
-    from oospec.drafters import make_drafter
+    from oospec.pipeline import start_drafter
 
-    sidecar = None
-    options = {}
-    settings = method_sidecar(args)
-    if settings is not None:
-        from oospec.sidecar.process import make_sidecar
-
-        sidecar = options["sidecar"] = make_sidecar(settings)
-    try:
-        drafter = make_drafter(args.method, **options)
-    except (ValueError, TypeError) as exc:
-        if sidecar is not None:
-            sidecar.close()
-        raise OospecError(f"cannot make drafter {args.method!r}: {exc}") from None
-    return drafter, sidecar
+    return start_drafter(args.method, method_sidecar(args))
 
 
 def build_service(args):
@@ -114,7 +100,8 @@ def cmd_serve(args) -> None:
     c = service.config
     sidecar = f", sidecar {service.sidecar.model}" if service.sidecar is not None else ""
     print(f"oospec serve: {c.model_name} ({c.method}{sidecar}, {torch.get_num_threads()} target threads) on "
-          f"http://{args.host}:{args.port}/v1 (queue {c.max_queue}, prefix cache {c.prefix_cache_mb:g} MB, API key {'on' if c.api_key else 'off'})",
+          f"http://{args.host}:{args.port}/v1 (queue {c.max_queue}, prefix cache {c.prefix_cache_mb:g} MB, "
+          f"API key {'on' if c.api_key else 'off'})",
           file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                             http=header_timeout_protocol(args.header_timeout),

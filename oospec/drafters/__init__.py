@@ -28,7 +28,8 @@ def make_drafter(method: str, **options) -> Drafter:
     try:
         factory = DRAFTERS[method]
     except KeyError:
-        raise ValueError(f"unknown method {method!r}{did_you_mean(method, DRAFTERS)}; choose one of: {', '.join(DRAFTERS)}") from None
+        raise ValueError(f"unknown method {method!r}{did_you_mean(method, DRAFTERS)}; "
+                         f"choose one of: {', '.join(DRAFTERS)}") from None
     return factory(**options)
 
 

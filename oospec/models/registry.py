@@ -108,7 +108,8 @@ def unknown_model_message(name: str, folder_ok: bool = True) -> str:
     """What to tell a user whose model name is not known; `folder_ok`: a local folder would also do."""
     from oospec.errors import did_you_mean
 
-    message = f"unknown model {name!r}{did_you_mean(name, KNOWN_MODELS)}; known models: {', '.join(sorted(KNOWN_MODELS))}"
+    known = ", ".join(sorted(KNOWN_MODELS))
+    message = f"unknown model {name!r}{did_you_mean(name, KNOWN_MODELS)}; known models: {known}"
     return message + (" (or a local Hugging Face model folder with a config.json)" if folder_ok else "")
 
 
