@@ -90,6 +90,13 @@ def test_model_and_target_name_the_same_option(argv):
     assert parser.parse_args(argv + ["--target", "y"]).model == "y"
 
 
+def test_serve_takes_the_model_as_vllm_does():
+    parser = build_parser()
+    assert parser.parse_args(["serve", "smollm2-135m"]).model == "smollm2-135m"
+    assert parser.parse_args(["serve", "--port", "9000", "smollm2-135m", "--method", "pld"]).model == "smollm2-135m"
+    assert parser.parse_args(["serve"]).model == DEFAULT_TARGET
+
+
 def test_sidecar_options_have_the_same_names_everywhere():
     parser = build_parser()
     for argv in DECODING_COMMANDS + [["bench", "run"], ["bench", "serve"]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import sys
@@ -13,7 +14,8 @@ API_KEY_ENV = "OOSPEC_API_KEY"
 
 
 SERVE_EXAMPLE = """oospec serve --port 8000
-oospec serve --model smollm2-135m --method toolspec   # no sidecar
+oospec serve qwen2.5-coder-1.5b                      # the model as vLLM takes it, or --model
+oospec serve --model smollm2-135m --method toolspec  # no sidecar
 curl http://127.0.0.1:8000/v1/chat/completions -H 'Content-Type: application/json' \\
   -d '{"messages": [{"role": "user", "content": "Hi"}]}'"""
 
@@ -24,6 +26,9 @@ def add_serve_parser(sub) -> None:
                                 "GET /health. Greedy requests are decoded speculatively (token-identical to plain\n"
                                 "greedy); temperature > 0 is sampled speculatively (plain sampling's distribution).\n"
                                 "One log line per request: prompt and new tokens, tau, the path it ran.")
+    # `oospec serve MODEL`, as vLLM takes it: the same args.model as --model (SUPPRESS: absent, --model's stands)
+    p.add_argument("model", nargs="?", default=argparse.SUPPRESS, metavar="MODEL",
+                   help="the target model (the same as --model)")
     add_method_option(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: loopback only)")
     p.add_argument("--port", type=int, default=8000)
