@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from oospec.engine.budget import CostModel
+from oospec.engine.budget import ONE_THREAD_CPU_CURVE, CostModel, SampledAcceptance
 from oospec.engine.drafting import Candidate, build_tree
 
 
@@ -25,3 +25,19 @@ def test_tree_pruned_keeps_tree_shape():
     pruned = tree.pruned(budget=4, max_depth=2)
     assert len(pruned) == 4 and pruned.max_depth == 2
     assert np.all(pruned.parents < np.arange(len(pruned)))
+
+
+def test_sampled_acceptance_discount_shrinks_trees():
+    """When sampling, nodes are discounted by the learnt p_max per level: less sure targets get smaller trees."""
+    meter = SampledAcceptance()
+    assert meter.discount == 1.0  # greedy's weights until something is observed
+    for peak in (0.5, 0.5, 0.5):
+        meter.observe(peak)
+    assert meter.discount == (1.0 + 1.5) / 4
+    cands = [Candidate(np.arange(10, 26), 0.95, 0.97), Candidate(np.array([10, 50, 51]), 0.4, 0.9)]
+    cost = CostModel.from_curve(ONE_THREAD_CPU_CURVE)
+    sure = build_tree(cands, 16, cost)
+    unsure = build_tree(cands, 16, cost, discount=0.5)
+    assert len(sure) >= 12 and 0 < len(unsure) <= len(sure) // 3
+    assert np.array_equal(unsure.tokens, sure.tokens[: len(unsure)])  # the same nodes, cut sooner
+    assert len(build_tree(cands, 16, None, discount=0.1)) == 16  # order-ranked trees take no discount

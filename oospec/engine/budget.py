@@ -60,3 +60,28 @@ def default_cost_model() -> CostModel:
     import torch
 
     return CostModel.from_curve(ONE_THREAD_CPU_CURVE if torch.get_num_threads() == 1 else DEFAULT_CPU_CURVE)
+
+
+class SampledAcceptance:
+    """How much likelier a draft is rejected when sampling than when greedy, learnt during one request.
+
+    Drafters weigh their tokens as guesses of the target's greedy choice. When sampling, the target's most
+    likely token is drawn only with its probability p_max, so a node at depth d that greedy decoding would
+    accept with weight w is accepted with about w * a^(d+1), a the mean p_max. With that discount the
+    cost-aware budget keeps smaller trees where the target is less sure (high temperature) and full ones where
+    it is sure (the braces and keys of a call). The estimate reads only positions already emitted, never the
+    draws of the step it shapes, so sampling stays exact (oospec.engine.speculative_sampling)."""
+
+    def __init__(self, prior: float = 1.0, prior_weight: float = 1.0):
+        self.total = prior * prior_weight
+        self.count = prior_weight
+
+    def observe(self, peak: float) -> None:
+        """The probability of the most likely token at one verified position."""
+        self.total += peak
+        self.count += 1.0
+
+    @property
+    def discount(self) -> float:
+        return self.total / self.count
+

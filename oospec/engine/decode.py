@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from oospec.engine.acceptance import greedy_accept
+from oospec.engine.budget import SampledAcceptance
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
@@ -97,6 +98,7 @@ def generate(
     # One uniform per output position, as plain sampling draws them (see oospec.engine.speculative_sampling);
     # trees are pruned to the tokens still wanted, so no node reaches past the last one.
     uniforms = sampling.uniforms(max(max_new_tokens, 1)) if sampling is not None else None
+    meter = SampledAcceptance() if sampling is not None else None  # smaller trees where sampling is less sure
     finish_reason = "length"
     # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
     seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)
@@ -130,7 +132,9 @@ def generate(
             # 2. Propose: a tree below the pending token, no deeper than the tokens still wanted.
             t_draft = time.perf_counter()
             if remaining > 1:
-                tree = build_tree(drafter.candidates(seq[:n]), budget, drafter.cost).pruned(budget, remaining - 1)
+                discount = meter.discount if meter is not None else 1.0
+                tree = build_tree(drafter.candidates(seq[:n]), budget, drafter.cost, discount).pruned(budget,
+                                                                                                    remaining - 1)
             else:
                 tree = TokenTree.empty()
             stats.draft_s += time.perf_counter() - t_draft
@@ -140,7 +144,8 @@ def generate(
             if sampling is None:
                 path, bonus = greedy_accept(tree, target.verify(pending, tree))
             else:
-                path, bonus = speculative_accept(tree, target.verify_logits(pending, tree), sampling, uniforms[n - p :])
+                path, bonus = speculative_accept(tree, target.verify_logits(pending, tree), sampling, uniforms[n - p :],
+                                                 meter)
             # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
             target.commit(path)
             stats.target_forwards += 1

@@ -84,11 +84,13 @@ class Drafter:
         """Called once when the request ends (also on errors)."""
 
 
-def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None) -> TokenTree:
+def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None,
+               discount: float = 1.0) -> TokenTree:
     """Merge candidates into one trie of at most `budget` nodes (shared prefixes cost one node).
 
     cost None: earlier candidates have priority, a candidate is cut where the budget runs out. Otherwise the
-    nodes most likely to be accepted are kept, as many as pay off under `cost`."""
+    nodes most likely to be accepted are kept, as many as pay off under `cost`; `discount` < 1 scales a node
+    at depth d by discount^(d+1) (sampling: see oospec.engine.budget.SampledAcceptance)."""
     tokens: list[int] = []
     parents: list[int] = []
     weights: list[float] = []
@@ -97,7 +99,12 @@ def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | N
         if cost is None and len(tokens) >= budget:
             break
         parent = ROOT
-        chain = cand.weights().tolist() if cost is not None else [0.0] * cand.tokens.size
+        if cost is None:
+            chain = [0.0] * cand.tokens.size
+        elif discount < 1.0:
+            chain = (cand.weights() * discount ** np.arange(1, cand.tokens.size + 1)).tolist()
+        else:
+            chain = cand.weights().tolist()
         for tok, w in zip(cand.tokens.tolist(), chain):
             node = index.get((parent, tok))
             if node is None:

@@ -24,12 +24,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from oospec.engine.budget import SampledAcceptance
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.tree import ROOT, TokenTree
 
 
 def speculative_accept(
-    tree: TokenTree, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor
+    tree: TokenTree, logits: torch.Tensor, params: SamplingParams, uniforms: torch.Tensor,
+    meter: SampledAcceptance | None = None,
 ) -> tuple[np.ndarray, int]:
     """Return (accepted node indices from the top of the tree down, the token emitted after them).
 
@@ -37,13 +39,17 @@ def speculative_accept(
     after node k. Only the rows along the accepted path are turned into distributions.
     uniforms: (>= tree.max_depth+1,) float64 in [0, 1), the draws of the output positions this step can fill:
     entry d for the token after a node at depth d (entry 0: the token after the pending one).
+    meter: told the largest probability of each distribution drawn from (the next trees' discount).
     """
     children = _children(tree)
     tokens = tree.tokens.tolist()
     path: list[int] = []
     node = ROOT
     while True:
-        y = inverse_cdf(target_distribution(logits[node + 1].cpu(), params), float(uniforms[len(path)]))
+        probs = target_distribution(logits[node + 1].cpu(), params)
+        if meter is not None:
+            meter.observe(float(probs.max()))
+        y = inverse_cdf(probs, float(uniforms[len(path)]))
         # The first child drafting y is accepted; later siblings with the same token are the skipped duplicates.
         accepted = next((child for child in children[node] if tokens[child] == y), None)
         if accepted is None:
