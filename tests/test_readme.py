@@ -251,3 +251,26 @@ def test_ci_server_block_against_a_real_server(smollm2_path, tmp_path):
         assert namespace["reply"].choices[0].finish_reason in ("stop", "length", "tool_calls")
     finally:
         assert server.stop() == 0, server.output()
+
+
+def test_readme_benchmarks_with_a_sidecar_run_held_out_items():
+    """`bench run` refuses, for sidecar methods, items the shipped adapter was trained on: a README command that
+    asks for them would stop with that error, so every such command must ask for held-out items only."""
+    from oospec.bench.config import BenchConfig, load_datasets
+    from oospec.bench.methods import parse_methods, uses_sidecar
+    from oospec.bench.run import check_trained_items
+    from oospec.sidecar.process import resolve_adapter
+
+    checked = 0
+    for where, cmd in OOSPEC_COMMANDS:
+        argv = _argv(cmd)
+        if not where.startswith("README") or argv[:2] != ["bench", "run"]:
+            continue
+        args = build_parser().parse_args(argv)
+        if args.allow_trained_items or not any(uses_sidecar(m) for m in parse_methods(args.methods)):
+            continue
+        datasets = load_datasets(BenchConfig(datasets=args.dataset.split(","), split=args.split, limit=args.limit))
+        adapter = resolve_adapter(args.sidecar_model, args.sidecar_adapter)
+        assert check_trained_items(datasets, adapter, allow=True) == [], f"{where}: `{shlex.join(cmd)}`"
+        checked += 1
+    assert checked >= 2
