@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from oospec.bench.hf_peers import PROMPT_LOOKUP_NUM_TOKENS
-from oospec.bench.methods import AR_BASELINES, ORACLE, REFERENCE
+from oospec.bench.methods import ALL_CORES, AR_BASELINES, ORACLE, REFERENCE, TARGET_THREADS, uses_sidecar
 
 # The fields of summary.json, per dataset and method (the rest of a summary row is for the report only).
 PUBLIC_FIELDS = ("n", "cores", "cpu_threads", "baseline", "tau", "decode_speedup", "e2e_speedup", "e2e_ratio_mean",
@@ -193,29 +193,44 @@ def format_table(rows: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-FOOTNOTES = """\
-- tau: new tokens / target forwards, summed over samples (prefill counted as one forward; 1.00 for ar).
+# The report's footnotes: (the methods a note is about, None for every run; the note). A note is printed only
+# when one of its methods ran, so the report explains what is in it and nothing else. ANY_SIDECAR stands for
+# every method that runs a sidecar (they share the sidecar table).
+ANY_SIDECAR = "(any sidecar method)"
+NOTES: tuple[tuple[frozenset[str] | None, str], ...] = (
+    (None, """\
+- tau: new tokens / target forwards, summed over samples (prefill counted as one forward; 1.00 for ar)."""),
+    (frozenset({"hf-pld", "hf-assisted"}), """\
   For hf-* the target forwards are counted with a forward hook on the target model (the assistant's own
-  forwards are not counted).
+  forwards are not counted)."""),
+    (None, """\
 - decode speed-up: sum of ar's decode times / sum of the method's, over the same samples (decode = after
   the prefill forward), where ar ran on as many CPU cores as the method used (equal cores: a 1+1 sidecar
   method against ar with 2 threads). e2e speed-up: the same with end-to-end times of the generate call
-  (prompt already tokenized). mean e2e ratio: mean over samples of ar e2e / method e2e.
+  (prompt already tokenized). mean e2e ratio: mean over samples of ar e2e / method e2e."""),
+    (frozenset({TARGET_THREADS}), """\
 - decode speed-up vs ar at target threads (when a sidecar runs on the CPU): against ar with the target's
-  share of the cores only (ar-target-threads), as if the sidecar's cores were free.
+  share of the cores only (ar-target-threads), as if the sidecar's cores were free."""),
+    (frozenset({"hf-pld", "hf-assisted"}), """\
 - hf-* peers are timed end to end only; their decode time is their e2e time minus the prefill time that
-  our `ar` measured on the same sample.
+  our `ar` measured on the same sample."""),
+    (None, """\
 - of oracle's speed-up: decode speed-up / oracle's decode speed-up. oracle fraction: the stricter share
   of the gain, (speed-up - 1) / (oracle speed-up - 1); 100% = as fast as the oracle, 0% = no faster than
-  ar. The oracle drafts ar's own tokens as one chain of `budget` tokens.
+  ar (both empty when the oracle did not run). The oracle drafts ar's own tokens as one chain of `budget`
+  tokens."""),
+    (None, """\
 - identical: generated token ids equal to ar's. accuracy: the benchmark's call check on the decoded text.
 - cores: the target's torch threads, plus the sidecar's for methods that run one (it has its own process).
   Every method gets the same total: a sidecar method splits it, every other method (toolspec, hf-* and
-  ar included) gives it all to the target (run.json `cores`).
+  ar included) gives it all to the target (run.json `cores`)."""),
+    (frozenset({"oospec-wait"}), """\
   oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before
   its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
-  target that outpaces the CPU sidecar here.
-  ar-all-cores: ar with every core, for reference.
+  target that outpaces the CPU sidecar here."""),
+    (frozenset({ALL_CORES}), """\
+  ar-all-cores: ar with every core, for reference."""),
+    (frozenset({ANY_SIDECAR}), """\
 - sidecar table: answered = a valid payload came back (perhaps after the request ended); in time = it
   arrived while the target was still decoding, so its hints could be used; tokens written at arrival (of
   those in time): 1.0 = before the first decode step (the sidecar ran during the prefill);
@@ -223,8 +238,57 @@ FOOTNOTES = """\
   (function: the best guess, and the best or an alternative branch; slots and full call: the guess for the
   target's function, exact JSON equality, full call = every slot right and no extra slot), for the first
   payload; follow-ups = requests where the target named a function no guess had, so the sidecar was asked
-  for that function's slots (arrived: before the request ended).
-"""
+  for that function's slots (arrived: before the request ended)."""),
+)
+
+
+def footnotes(methods: Sequence[str]) -> str:
+    """The notes about what ran: the general ones and those of the methods in `methods`."""
+    ran = set(methods) | ({ANY_SIDECAR} if any(uses_sidecar(m) for m in methods) else set())
+    return "\n".join(text for about, text in NOTES if about is None or about & ran)
+
+
+# Below this many items per method a speed-up says little: one long prompt or one lucky draft moves it.
+FEW_ITEMS = 5
+
+
+def plural(n: int, word: str) -> str:
+    """'1 thread', '2 threads'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def small_sample_warning(summary: dict) -> str | None:
+    """One line when some dataset ran fewer than FEW_ITEMS items, else None."""
+    small = {ds: max(r["n"] for r in rows.values()) for ds, rows in summary.items() if rows}
+    small = {ds: n for ds, n in small.items() if n < FEW_ITEMS}
+    if not small:
+        return None
+    which = ", ".join(f"{ds}: {plural(n, 'item')}" for ds, n in small.items())
+    return (f"WARNING: few items ({which}); speed-ups from fewer than {FEW_ITEMS} items vary a lot from run to "
+            f"run: use --limit {FEW_ITEMS * 2} or more for figures worth quoting")
+
+
+def format_short_table(rows: dict[str, dict]) -> str:
+    """The few columns a reader of the terminal wants, one row per method that ran."""
+    lines = [f"{'method':20} {'cores':>5} {'n':>3} {'tau':>5} {'decode':>7} {'e2e':>7} {'identical':>9}"]
+    for m, r in rows.items():
+        lines.append(f"{m:20} {r.get('cores') or '–':>5} {r['n']:>3} {_fmt(r['tau']):>5} "
+                     f"{_fmt(r['decode_speedup'], suffix='x'):>7} {_fmt(r['e2e_speedup'], suffix='x'):>7} "
+                     f"{_pct(r['identical_rate']):>9}")
+    return "\n".join(lines)
+
+
+def format_stdout(summary: dict, out: Path) -> str:
+    """What `bench run` prints when it is done: a short table per dataset, the sample-size warning, the files."""
+    parts = []
+    for ds, rows in summary.items():
+        parts += [f"{ds} (speed-ups vs ar on equal cores)", format_short_table(rows), ""]
+    warning = small_sample_warning(summary)
+    if warning:
+        parts += [warning, ""]
+    parts.append(f"report: {out / 'report.md'} (every column, footnotes); plot: {out / 'speedup.png'}; "
+                 f"per item: {out / 'samples.jsonl'}")
+    return "\n".join(parts)
 
 
 def format_report(summary: dict, header: dict, divergences: Sequence[dict], sidecar: dict | None = None) -> str:
@@ -241,7 +305,7 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
         sc = header["sidecar"]
         adapter = f" + {sc['adapter']} (weights sha256 {str(sc.get('adapter_sha256'))[:12]})" if sc.get("adapter") else ""
         lines.append(f"- sidecar: {sc['model']}{adapter} on {sc['device']}, "
-                     f"{sc['threads']} thread(s), own process; target threads {header['target_threads']}")
+                     f"{plural(sc['threads'], 'thread')}, own process; target threads {header['target_threads']}")
     cores = header.get("cores")
     if cores:
         lines.append(f"- cores: {cores['total']} per method (sidecar methods: {cores['target_threads_with_sidecar']} "
@@ -261,7 +325,10 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
         lines += ["", f"## {ds}", "", format_table(rows)]
         if sidecar and sidecar.get(ds):
             lines += ["", "Sidecar:", "", format_sidecar_table(sidecar[ds])]
-    lines += ["", FOOTNOTES.rstrip()]
+    warning = small_sample_warning(summary)
+    if warning:
+        lines += ["", f"**{warning}**"]
+    lines += ["", footnotes([m for rows in summary.values() for m in rows])]
     if divergences:
         lines += ["", "## Outputs not identical to ar", "",
                   "| dataset | sample | method | first differing position | ar token | method token |",
@@ -272,31 +339,51 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
     return "\n".join(lines) + "\n"
 
 
+# The PNG's panels: (summary field, panel title). End to end is what a user waits for; decode is where drafting acts.
+PANELS = (("decode_speedup", "decode speed-up vs ar"), ("e2e_speedup", "end-to-end speed-up vs ar"))
+
+
+def _cores_label(cores: str | None) -> str:
+    """'1 core', '2 cores', '1+1 cores' (target + sidecar threads), '1+cuda:1' (a sidecar on a device)."""
+    if not cores:
+        return "cores unknown"
+    if cores.isdigit():
+        return plural(int(cores), "core")
+    return f"{cores} cores" if all(part.isdigit() for part in cores.split("+")) else cores
+
+
 def plot_speedup(summary: dict, methods: Sequence[str], path: Path, title: str | None = None) -> None:
+    """Two panels, decode and end-to-end speed-up against ar on equal cores, one bar group per dataset
+    (its item count under its name), one bar per method (its cores in the legend)."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    shown = [m for m in methods if m != REFERENCE]
+    shown = [m for m in methods if m != REFERENCE and any(m in rows for rows in summary.values())]
     datasets = list(summary)
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 * len(datasets) * max(1, len(shown)) ** 0.5 + 2), 3.8))
     width = 0.8 / max(1, len(shown))
     x = np.arange(len(datasets))
-    for i, m in enumerate(shown):
-        vals = [summary[ds].get(m, {}).get("decode_speedup") or 0.0 for ds in datasets]
-        bars = ax.bar(x - 0.4 + width * (i + 0.5), vals, width, label=m)
-        for b, v in zip(bars, vals):
-            if v:
-                ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
-    top = max([1.0] + [summary[ds].get(m, {}).get("decode_speedup") or 0.0 for ds in datasets for m in shown])
-    ax.set_ylim(0, top * 1.3)  # room for the labels and the legend
-    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+    ticks = [f"{ds}\nn={max((r['n'] for r in summary[ds].values()), default=0)}" for ds in datasets]
+    cores = {m: next((rows[m].get("cores") for rows in summary.values() if m in rows), None) for m in shown}
+    panel_w = max(4.5, 1.4 * len(datasets) * max(1, len(shown)) ** 0.5 + 1.5)
+    fig, axes = plt.subplots(1, len(PANELS), figsize=(panel_w * len(PANELS), 4.2), squeeze=False)
+    for ax, (field, name) in zip(axes[0], PANELS):
+        values = {m: [summary[ds].get(m, {}).get(field) or 0.0 for ds in datasets] for m in shown}
+        for i, m in enumerate(shown):
+            bars = ax.bar(x - 0.4 + width * (i + 0.5), values[m], width, label=f"{m} ({_cores_label(cores[m])})")
+            for b, v in zip(bars, values[m]):
+                if v:
+                    ax.annotate(f"{v:.2f}", (b.get_x() + b.get_width() / 2, v), ha="center", va="bottom", fontsize=7)
+        top = max([1.0] + [v for vals in values.values() for v in vals])
+        ax.set_ylim(0, top * 1.35)  # room for the labels and the legend
+        ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
+        ax.set_title(name + " (equal cores)", fontsize=9)
+        ax.set_xticks(x, ticks)
+        ax.set_ylabel(name)
+        ax.legend(fontsize=7, ncol=min(3, max(1, len(shown))), loc="upper left")
     if title:
-        ax.set_title(title, fontsize=9)
-    ax.set_xticks(x, datasets)
-    ax.set_ylabel("decode speed-up vs ar")
-    ax.legend(fontsize=8, ncol=min(4, max(1, len(shown))), loc="upper left")
+        fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -27,7 +27,8 @@ from oospec.bench.config import (BenchConfig, BenchError, Cores, check_sampling,
                                  plan_cores)
 from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods,
                                   check_methods_sample, parse_methods, uses_sidecar)
-from oospec.bench.report import format_report, plot_speedup, public_summary, summarize, summarize_sidecar, to_json
+from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
+                                 summarize_sidecar, to_json)
 
 log = logging.getLogger("oospec.bench")
 
@@ -299,10 +300,9 @@ def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: di
     (out / "run.json").write_text(json.dumps(to_json({**header, "divergences": divergences}), indent=2) + "\n",
                                   encoding="utf-8")
     plot_speedup(summary, names, out / "speedup.png",
-                 title=f"{cfg.target}, {header['machine']['cpu']}, {cores.total} cores per method")
+                 title=f"{cfg.target}, {header['machine']['cpu']}, {plural(cores.total, 'core')} per method")
     if cfg.echo:
-        print(report)
-        print(f"written to {out}")
+        print(format_stdout(summary, out))
     return {"summary": public, "out": out, "report": report, "divergences": divergences}
 
 
