@@ -44,8 +44,9 @@ $(VLLM_STAMP): pyproject.toml
 
 vllm-env: $(VLLM_STAMP)
 
+# The fake-runner unit tests (also in `make test`) and real vLLM (real_vllm.py, which `make test` never collects).
 test-vllm: vllm-env
-	$(VLLM_PY) -m pytest -q -p no:cacheprovider tests/vllm
+	$(VLLM_PY) -m pytest -q tests/vllm tests/vllm/real_vllm.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

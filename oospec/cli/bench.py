@@ -1,4 +1,4 @@
-"""`oospec bench cost-curve | run | serve`."""
+"""`oospec bench cost-curve | run | serve | vllm`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from oospec.cli.options import add_runtime_options, add_sidecar_options, set_threads, sidecar_settings
+from oospec.integrations.vllm.bench import add_vllm_bench_parser
 from oospec.models.registry import DEFAULT_SIDECAR, TINY_TARGET
 
 
@@ -118,3 +119,5 @@ def add_bench_parser(sub) -> None:
     add_runtime_options(p, model_default=TINY_TARGET)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told
     p.set_defaults(func=cmd_bench_serve)
+
+    add_vllm_bench_parser(bench)  # oospec's proposer inside vLLM: oospec/integrations/vllm/bench.py

@@ -15,7 +15,7 @@ from fake_runner import FakeRunner, Script, vllm_config
 from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel
 from oospec.engine.drafting import Candidate
 from oospec.integrations.vllm.chain import best_chain
-from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt
+from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt, context_json
 from oospec.integrations.vllm.proposer import OospecProposer
 from oospec.tools.dialects import DIALECTS, ToolCall
 from helpers import WEATHER
@@ -94,6 +94,9 @@ def test_context_routes():
     sent = context_from_extra_args({"oospec": {"tools": [WEATHER], "messages": [{"role": "user", "content": "hi"}],
                                                "dialect": "apibank"}})
     assert [t.name for t in sent.tools] == ["get_weather"] and sent.tools_in_prompt
+    as_text = context_from_extra_args({"oospec": context_json([WEATHER], None, "auto", "hermes")})
+    assert [t.name for t in as_text.tools] == ["get_weather"] and as_text.tool_choice == "auto"
+    assert context_from_extra_args({"oospec": "{not json"}) is None
     assert context_from_extra_args(None) is None and context_from_extra_args({"other": 1}) is None
     assert context_from_extra_args({"oospec": {"tools": "not a list", "dialect": "nope"}}).tools is None
     prompt = "<|im_start|>user\nbook it<|im_end|>\n1. Name: Book\nDescription: d\nParameters: {'when': {'type': 'str', 'description': 'x'}}\n"

@@ -1,9 +1,9 @@
 """What the drafters may know about a vLLM request: its tools, messages and dialect.
 
 Two routes, best first:
-- `SamplingParams.extra_args["oospec"]`, a dict {"tools", "messages", "tool_choice", "dialect"} (OpenAI
-  shapes) that the OpenAI server fills from a request's `vllm_xargs` or that a tool-parser plugin copies from
-  the chat request (see tool_parser.py);
+- `SamplingParams.extra_args["oospec"]`: {"tools", "messages", "tool_choice", "dialect"} (OpenAI shapes), as
+  a dict (`LLM.generate` users) or as its JSON text (the OpenAI server's `vllm_xargs` take flat values only:
+  a client sends `vllm_xargs={"oospec": context_json(...)}`, or the tool-parser plugin fills it);
 - the rendered prompt, for `/v1/completions` and `LLM.generate` users: the `<tools>` block of Qwen/Hermes
   templates (OpenAI JSON, one per line) or the prose tool list of API-Bank prompts, and the last user turn.
 A request with neither is drafted by prompt lookup and retrieval alone (schema drafting needs tools).
@@ -40,6 +40,11 @@ def context_from_extra_args(extra_args: dict | None) -> RequestContext | None:
     """The context a client or tool-parser plugin sent; None when it sent none. Malformed parts are dropped
     (drafting then knows less; the output cannot change)."""
     sent = (extra_args or {}).get(EXTRA_ARGS_KEY)
+    if isinstance(sent, str):
+        try:
+            sent = json.loads(sent)
+        except json.JSONDecodeError:
+            return None
     if not isinstance(sent, dict):
         return None
     tools = _openai_tools(sent.get("tools"))
@@ -48,6 +53,13 @@ def context_from_extra_args(extra_args: dict | None) -> RequestContext | None:
     dialect = sent.get("dialect") if sent.get("dialect") in DIALECTS else None
     return RequestContext(tools=tools, messages=messages, dialect=dialect,
                           tools_in_prompt=dialect == "apibank" or None, tool_choice=sent.get("tool_choice"))
+
+
+def context_json(tools: list[dict] | None, messages: list[dict] | None, tool_choice: Any = None,
+                 dialect: str | None = None) -> str:
+    """The request context as `vllm_xargs` carry it (one JSON string under EXTRA_ARGS_KEY)."""
+    return json.dumps({"tools": tools, "messages": messages, "tool_choice": tool_choice, "dialect": dialect},
+                      ensure_ascii=False)
 
 
 def context_from_prompt(text: str) -> RequestContext:
