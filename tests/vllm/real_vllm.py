@@ -36,7 +36,7 @@ def outputs(tmp_path_factory):
     for spec in ("none", "oospec", "adversarial"):
         path = tmp_path_factory.mktemp("vllm") / f"{spec}.json"
         cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", "--setting", spec, "--model", str(MODEL),
-               "--limit", str(PER_DATASET), "--max-tokens", "96", "--out", str(path)]
+               "--limit", str(PER_DATASET), "--max-tokens", "96", "--enforce-eager", "--out", str(path)]
         for name in DATASETS:
             cmd += ["--dataset", name]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -55,3 +55,67 @@ def test_identical_token_ids_to_no_speculation(outputs, spec):
     base, got = outputs["none"]["items"], outputs[spec]["items"]
     differ = [k for k in base if k not in got or base[k]["tokens"] != got[k]["tokens"]]
     assert not differ, f"{spec}: {len(differ)}/{len(base)} chats differ: {differ[:5]}"
+
+
+# -- through `vllm serve` and the openai client -----------------------------------------------------------
+SPEC = {"method": "custom_class", "model": "oospec.integrations.vllm.proposer.OospecProposer",
+        "num_speculative_tokens": 8}
+
+
+@pytest.fixture(scope="module")
+def server():
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(MODEL), "--dtype", "float32", "--port", str(port),
+           "--max-model-len", "4096", "--speculative-config", json.dumps(SPEC), "--enable-auto-tool-choice",
+           "--tool-call-parser", "hermes", "--no-enable-prefix-caching", "--enforce-eager"]
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 1200
+    try:
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/v1/models", timeout=5)
+                break
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"vllm serve did not come up:\n{proc.stderr.read()[-4000:]}", pytrace=False)
+                time.sleep(5)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(timeout=120)
+
+
+def test_served_tool_calls_are_the_same_streamed_and_not(server):
+    from openai import OpenAI
+
+    from oospec.integrations.vllm.context import context_json
+    from oospec.integrations.vllm.run import load_chats
+
+    client = OpenAI(base_url=f"{server}/v1", api_key="none")
+    chats = [(s, ctx) for s, ctx in load_chats(["bfcl:simple_python"], 4)]
+    assert chats
+    for i, (sample, _) in enumerate(chats):
+        tools = sample.chat_tools()
+        # Half the requests carry the context as `vllm_xargs`, half leave it to the rendered prompt.
+        extra = {"vllm_xargs": {"oospec": context_json(tools, sample.messages)}} if i % 2 == 0 else {}
+        kwargs = dict(model=str(MODEL), messages=sample.messages, tools=tools, temperature=0, max_tokens=96,
+                      extra_body=extra)
+        whole = client.chat.completions.create(**kwargs).choices[0].message
+        calls: dict[int, dict] = {}
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                call = calls.setdefault(d.index, {"name": "", "arguments": ""})
+                call["name"] += (d.function.name or "") if d.function else ""
+                call["arguments"] += (d.function.arguments or "") if d.function else ""
+        assert whole.tool_calls, f"{sample.id}: no tool call: {whole.content!r}"
+        got = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in whole.tool_calls]
+        streamed = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())]
+        assert streamed == got, sample.id

@@ -63,6 +63,8 @@ def main(argv=None) -> None:
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--max-model-len", type=int, default=4096)
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="no torch.compile (minutes less start-up; checks of equivalence, not of speed)")
     ap.add_argument("--reference", help="the `none` setting's output JSON: the oracle proposes its tokens")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
@@ -78,7 +80,7 @@ def main(argv=None) -> None:
 
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0,
               speculative_config=speculative_config(args.setting, args.k), enable_prefix_caching=False,
-              disable_log_stats=False, per_request_spec_decode_metrics="summary")
+              disable_log_stats=False, per_request_spec_decode_metrics="summary", enforce_eager=args.enforce_eager)
     tok = llm.get_tokenizer()
     chats = load_chats(args.dataset or ["apibank:1"], args.limit)
     prompts, params, ids, datasets = [], [], [], []
