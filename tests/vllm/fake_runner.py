@@ -1,4 +1,5 @@
-"""A stand-in for vLLM 0.32's model runner, as far as OospecProposer reads it, and a tiny scheduler loop.
+"""A stand-in for vLLM 0.32's model runner, as far as OospecProposer reads it, a tiny scheduler loop, and the
+scripted tool-call request the tests run through it.
 
 The runner keeps what vLLM's does: `requests` (req_id -> state with `sampling_params`, kept while a request is
 preempted, dropped when it finishes), the persistent batch (`input_batch.req_ids`, `num_prompt_tokens`) and
@@ -8,10 +9,14 @@ row takes the longest prefix of its draft that matches its scripted output, plus
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 import numpy as np
+from helpers import WEATHER
+
+from oospec.tools.dialects import DIALECTS, ToolCall
 
 MAX_LEN = 512
 
@@ -125,3 +130,16 @@ def vllm_config(tokenizer_path: str, k: int = 8, max_model_len: int = MAX_LEN) -
     model_config = SimpleNamespace(tokenizer=tokenizer_path, trust_remote_code=False, max_model_len=max_model_len,
                                    try_get_generation_config=lambda: {})
     return SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=k), model_config=model_config)
+
+
+def tool_script(tok, city: str = "Paris", with_context: bool = True) -> Script:
+    """A Qwen-style prompt offering get_weather; the target writes the hermes call for `city`, then end of turn."""
+    tools = [WEATHER]
+    messages = [{"role": "user", "content": f"What is the weather in {city} in celsius?"}]
+    tools_block = "\n".join(json.dumps(t) for t in tools)
+    prompt = (f"<|im_start|>system\n# Tools\n<tools>\n{tools_block}\n</tools><|im_end|>\n"
+              f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n")
+    call = ToolCall("get_weather", {"city": city, "unit": "celsius"})
+    output = tok.encode(DIALECTS["hermes"].render(call), add_special_tokens=False) + [tok.eos_token_id]
+    extra = {"oospec": {"tools": tools, "messages": messages, "dialect": "hermes"}} if with_context else None
+    return Script(tok.encode(prompt, add_special_tokens=False), output, extra, frozenset({tok.eos_token_id}))

@@ -5,19 +5,17 @@ what oospec's per-request state must survive: rows that do not decode, skipped s
 id reuse, the end of the model's context, and a drafter that raises in one row.
 """
 
-import json
 import logging
 
 import numpy as np
 import pytest
 
-from fake_runner import FakeRunner, Script, vllm_config
+from fake_runner import FakeRunner, tool_script, vllm_config
 from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel
 from oospec.engine.drafting import Candidate
 from oospec.integrations.vllm.chain import best_chain
 from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt, context_json
 from oospec.integrations.vllm.proposer import OospecProposer
-from oospec.tools.dialects import DIALECTS, ToolCall
 from helpers import WEATHER
 
 K = 8
@@ -36,18 +34,6 @@ def runner(smollm2_path):
     r = FakeRunner(proposer)
     r.load_model()
     return r
-
-
-def tool_script(tok, city: str = "Paris", with_context: bool = True) -> Script:
-    tools = [WEATHER]
-    messages = [{"role": "user", "content": f"What is the weather in {city} in celsius?"}]
-    tools_block = "\n".join(json.dumps(t) for t in tools)
-    prompt = (f"<|im_start|>system\n# Tools\n<tools>\n{tools_block}\n</tools><|im_end|>\n"
-              f"<|im_start|>user\n{messages[0]['content']}<|im_end|>\n<|im_start|>assistant\n")
-    call = ToolCall("get_weather", {"city": city, "unit": "celsius"})
-    output = tok.encode(DIALECTS["hermes"].render(call), add_special_tokens=False) + [tok.eos_token_id]
-    extra = {"oospec": {"tools": tools, "messages": messages, "dialect": "hermes"}} if with_context else None
-    return Script(tok.encode(prompt, add_special_tokens=False), output, extra, frozenset({tok.eos_token_id}))
 
 
 def run_to_end(runner: FakeRunner, req_id: str, max_steps: int = 500) -> int:

@@ -5,7 +5,8 @@ Each setting runs in its own process (run.py) on the same machine, one after ano
 vLLM without speculation at the same concurrency, in the same run. Written to the output folder:
 `<setting>@<concurrency>.json` (ids and timings per chat), `summary.json` as
 {dataset: {method: {n, tau, e2e_speedup, decode_speedup, oracle_fraction, identical_rate, throughput_tok_s}}}
-(method: setting, plus `@8` for the concurrent runs) and `summary.png`. Run it from .venv-vllm.
+(method: setting, plus `@8` for the concurrent runs; throughput is the whole run's, over all its datasets)
+and `summary.png`. Run it from .venv-vllm.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path
         cmd += ["--dataset", name]
     if setting == "oracle":
         cmd += ["--reference", str(reference)]
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
     print(f"[bench vllm] {setting} x{concurrency}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     return path
@@ -49,7 +52,7 @@ def summarize(runs: dict[tuple[str, int], dict]) -> dict:
 
             e2e, e2e0 = total(run, "e2e_s"), total(base, "e2e_s")
             gain_oracle = e2e0 - total(oracle, "e2e_s") if oracle else None
-            tokens = sum(len(run["items"][k]["tokens"]) for k in ids)
+            run_tokens = sum(len(it["tokens"]) for it in run["items"].values())
             summary.setdefault(dataset, {})[method] = {
                 "n": len(ids),
                 "tau": round(sum(run["items"][k]["tau"] for k in ids) / len(ids), 3),
@@ -59,8 +62,8 @@ def summarize(runs: dict[tuple[str, int], dict]) -> dict:
                 "oracle_fraction": round((e2e0 - e2e) / gain_oracle, 3) if gain_oracle else None,
                 "identical_rate": round(sum(run["items"][k]["tokens"] == base["items"][k]["tokens"] for k in ids)
                                         / len(ids), 3),
-                # Summed per-request generation time: with one request at a time, the engine's busy time.
-                "throughput_tok_s": round(tokens / e2e, 2) if e2e else None,
+                # Output tokens per second of wall time over the whole run (all its datasets, all in flight).
+                "throughput_tok_s": round(run_tokens / run["wall_s"], 2) if run.get("wall_s") else None,
             }
     return summary
 
@@ -119,5 +122,6 @@ def add_vllm_bench_parser(bench) -> None:
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     p.add_argument("--concurrency", type=int, default=8, help="the concurrent runs' requests in flight")
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile: quicker start, slower steps")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-vllm)")
     p.set_defaults(func=cmd_bench_vllm)

@@ -78,9 +78,11 @@ def main(argv=None) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0,
-              speculative_config=speculative_config(args.setting, args.k), enable_prefix_caching=False,
-              disable_log_stats=False, per_request_spec_decode_metrics="summary", enforce_eager=args.enforce_eager)
+    spec = speculative_config(args.setting, args.k)
+    # Per-request acceptance counts (tau) exist only with speculation; vLLM refuses the option without it.
+    spec_metrics = {"per_request_spec_decode_metrics": "summary"} if spec else {}
+    llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0, speculative_config=spec,
+              enable_prefix_caching=False, disable_log_stats=False, enforce_eager=args.enforce_eager, **spec_metrics)
     tok = llm.get_tokenizer()
     chats = load_chats(args.dataset or ["apibank:1"], args.limit)
     prompts, params, ids, datasets = [], [], [], []
