@@ -85,7 +85,8 @@ def test_context_routes():
     assert context_from_extra_args({"oospec": "{not json"}) is None
     assert context_from_extra_args(None) is None and context_from_extra_args({"other": 1}) is None
     assert context_from_extra_args({"oospec": {"tools": "not a list", "dialect": "nope"}}).tools is None
-    prompt = "<|im_start|>user\nbook it<|im_end|>\n1. Name: Book\nDescription: d\nParameters: {'when': {'type': 'str', 'description': 'x'}}\n"
+    prompt = ("<|im_start|>user\nbook it<|im_end|>\n1. Name: Book\nDescription: d\n"
+              "Parameters: {'when': {'type': 'str', 'description': 'x'}}\n")
     ctx = context_from_prompt(prompt)
     assert ctx.dialect == "apibank" and [t.name for t in ctx.tools] == ["Book"]
     assert ctx.messages == [{"role": "user", "content": "book it"}]

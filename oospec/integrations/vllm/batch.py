@@ -18,7 +18,7 @@ import numpy as np
 from oospec.drafters.retrieval import CallMemory
 from oospec.drafters.sidecar import OoOSpecDrafter
 from oospec.drafters.toolspec import ToolSpecDrafter
-from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel
+from oospec.engine.budget import CostModel, default_cost_model
 from oospec.engine.drafting import Drafter, Request
 from oospec.integrations.vllm.chain import best_chain
 from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt
@@ -32,7 +32,9 @@ class DraftingSettings:
     its VllmConfig, which has no field for them)."""
 
     memory_path: str | None = None  # OOSPEC_VLLM_MEMORY: a JSONL store that keeps retrieval's past calls
-    cost_curve: str | None = None  # OOSPEC_VLLM_COST_CURVE: `oospec bench cost-curve --out` of this machine
+    # OOSPEC_VLLM_COST_CURVE: `oospec bench cost-curve --out` of this machine; default: oospec's measured CPU
+    # curve for the worker's torch thread count (vLLM's CPU worker keeps a core for itself: often one thread)
+    cost_curve: str | None = None
     sidecar: bool = False  # OOSPEC_VLLM_SIDECAR=1: start the sidecar process and draft with its hints
     sidecar_cores: tuple[int, ...] | None = None  # OOSPEC_VLLM_SIDECAR_CORES=2,3: where the sidecar runs
 
@@ -45,7 +47,7 @@ class DraftingSettings:
                    sidecar_cores=tuple(int(c) for c in cores.split(",")) if cores else None)
 
     def cost_model(self) -> CostModel:
-        return CostModel.from_json(self.cost_curve) if self.cost_curve else CostModel.from_curve(DEFAULT_CPU_CURVE)
+        return CostModel.from_json(self.cost_curve) if self.cost_curve else default_cost_model()
 
 
 class BatchDrafter:
@@ -89,7 +91,8 @@ class BatchDrafter:
             state = self.states.states.get(row.req_id)
             if state is None:
                 prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
-                state = self.states.states[row.req_id] = RequestState(Drafter(), prompt, int(row.tokens.size), row.owner)
+                state = RequestState(Drafter(), prompt, int(row.tokens.size), row.owner)
+                self.states.states[row.req_id] = state
             state.failed = True
             return []
 

@@ -106,7 +106,8 @@ def main(argv=None) -> None:
         hist = list(getattr(spec, "histogram", []) or [])
         steps = sum(hist)
         items[item_id] = {
-            "dataset": dataset, "prompt_ids": list(prompt["prompt_token_ids"]), "tokens": list(comp.token_ids), "text": comp.text,
+            "dataset": dataset, "prompt_ids": list(prompt["prompt_token_ids"]), "tokens": list(comp.token_ids),
+            "text": comp.text,
             "e2e_s": (m.last_token_ts - m.scheduled_ts) if m else None,
             "ttft_s": (m.first_token_ts - m.scheduled_ts) if m else None,
             "decode_s": (m.last_token_ts - m.first_token_ts) if m else None,
