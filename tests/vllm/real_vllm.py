@@ -57,6 +57,12 @@ def test_identical_token_ids_to_no_speculation(outputs, spec):
     assert not differ, f"{spec}: {len(differ)}/{len(base)} chats differ: {differ[:5]}"
 
 
+def test_oospec_drafts_are_accepted(outputs):
+    """Not a speed figure (that is `oospec bench vllm`): the proposer does draft in real vLLM, and vLLM accepts."""
+    taus = [it["tau"] for it in outputs["oospec"]["items"].values()]
+    assert sum(taus) / len(taus) > 1.5, taus
+
+
 # -- through `vllm serve` and the openai client -----------------------------------------------------------
 SPEC = {"method": "custom_class", "model": "oospec.integrations.vllm.proposer.OospecProposer",
         "num_speculative_tokens": 8}
