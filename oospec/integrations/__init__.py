@@ -1,0 +1,1 @@
+"""Adapters that run oospec's drafting inside other serving engines."""

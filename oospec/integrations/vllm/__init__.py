@@ -1,0 +1,1 @@
+"""oospec's drafters as a vLLM speculative proposer (`speculative_config={"method": "custom_class", ...}`)."""

@@ -1,0 +1,119 @@
+"""oospec's drafting for a batch of vLLM rows, free of vLLM itself (the glue is proposer.py).
+
+Per request: schema drafting from its own tools and dialect, retrieval across requests (one memory shared
+by every request of the engine), prompt lookup, and optionally the sidecar's hints; per step, the merged
+candidates' best chain, at most K tokens and never past the model's context. A row whose drafting raises
+gets an empty draft from then on, and the error is logged once per kind: drafting never fails the engine.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from oospec.drafters.retrieval import CallMemory
+from oospec.drafters.sidecar import OoOSpecDrafter
+from oospec.drafters.toolspec import ToolSpecDrafter
+from oospec.engine.budget import CostModel, default_cost_model
+from oospec.engine.drafting import Drafter, Request
+from oospec.integrations.vllm.chain import best_chain
+from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt
+from oospec.integrations.vllm.request_state import RequestState, RequestStates, Row, log_once
+from oospec.tools.callscan import Habits
+
+
+@dataclass(frozen=True)
+class DraftingSettings:
+    """How the proposer drafts; read from the environment of vLLM's worker (vLLM passes the proposer only
+    its VllmConfig, which has no field for them)."""
+
+    memory_path: str | None = None  # OOSPEC_VLLM_MEMORY: a JSONL store that keeps retrieval's past calls
+    # OOSPEC_VLLM_COST_CURVE: `oospec bench cost-curve --out` of this machine; default: oospec's measured CPU
+    # curve for the worker's torch thread count (vLLM's CPU worker keeps a core for itself: often one thread)
+    cost_curve: str | None = None
+    sidecar: bool = False  # OOSPEC_VLLM_SIDECAR=1: start the sidecar process and draft with its hints
+    sidecar_cores: tuple[int, ...] | None = None  # OOSPEC_VLLM_SIDECAR_CORES=2,3: where the sidecar runs
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> DraftingSettings:
+        cores = env.get("OOSPEC_VLLM_SIDECAR_CORES")
+        return cls(memory_path=env.get("OOSPEC_VLLM_MEMORY") or None,
+                   cost_curve=env.get("OOSPEC_VLLM_COST_CURVE") or None,
+                   sidecar=env.get("OOSPEC_VLLM_SIDECAR", "0") not in ("", "0", "false", "no"),
+                   sidecar_cores=tuple(int(c) for c in cores.split(",")) if cores else None)
+
+    def cost_model(self) -> CostModel:
+        return CostModel.from_json(self.cost_curve) if self.cost_curve else default_cost_model()
+
+
+class BatchDrafter:
+    """Drafts for the rows of one engine: one started oospec drafter per request (see request_state.py).
+
+    tokenizer: the target's (Hugging Face) tokenizer. eos_ids: the model's end-of-turn tokens. k: the most
+    draft tokens per row (vLLM's num_speculative_tokens). sidecar: a SidecarClient or None."""
+
+    def __init__(self, tokenizer: Any, eos_ids: frozenset[int], k: int, settings: DraftingSettings = DraftingSettings(),
+                 sidecar: Any = None):
+        self.tokenizer = tokenizer
+        self.eos_ids = frozenset(eos_ids)
+        self.k = k
+        self.settings = settings
+        self.cost = settings.cost_model()
+        self.sidecar = sidecar
+        self.memory = CallMemory(settings.memory_path)
+        # What every request's schema drafter learns about the target (habits) and the tokenizer's byte table
+        # (costly to build) are shared, as oospec's own engine shares them by keeping one drafter.
+        self.habits = Habits()
+        self.encoders: dict = {}
+        self.states = RequestStates(self._start)
+
+    def propose(self, rows: Sequence[Row | None]) -> list[list[int]]:
+        """One draft per row, each at most `k` Python ints; a None row (not decoding this step) gets []."""
+        return [self._propose_row(row) if row is not None else [] for row in rows]
+
+    def _propose_row(self, row: Row) -> list[int]:
+        try:
+            state = self.states.synced(row)
+            if state.failed:
+                return []
+            max_len = min(self.k, row.room)
+            if max_len <= 0:
+                return []
+            context = np.asarray(row.tokens, dtype=np.int64)
+            return best_chain(state.drafter.candidates(context), max_len, self.cost)
+        except Exception as exc:
+            log_once(f"propose:{type(exc).__name__}", "oospec drafting failed for request %s; it is decoded "
+                     "without drafts from now on (logged once per kind of error): %r", row.req_id, exc)
+            state = self.states.states.get(row.req_id)
+            if state is None:
+                prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
+                state = RequestState(Drafter(), prompt, int(row.tokens.size), row.owner)
+                self.states.states[row.req_id] = state
+            state.failed = True
+            return []
+
+    def _start(self, row: Row) -> Drafter:
+        if self.sidecar is not None:
+            drafter = OoOSpecDrafter(self.sidecar, memory=self.memory, cost=self.cost)
+        else:
+            drafter = ToolSpecDrafter(memory=self.memory, cost=self.cost)
+        schema = drafter.parts[0]
+        schema.habits, schema._encoders = self.habits, self.encoders
+        drafter.start(self._request(row))
+        return drafter
+
+    def _request(self, row: Row) -> Request:
+        prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
+        context = context_from_extra_args(row.extra_args)
+        if context is None or context.tools is None:
+            context = context_from_prompt(self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False))
+        return Request(prompt_ids=prompt, eos_ids=self.eos_ids | row.stop_ids, tokenizer=self.tokenizer,
+                       messages=context.messages, tools=context.tools, dialect=context.dialect,
+                       tools_in_prompt=context.tools_in_prompt)
+
+    def close(self) -> None:
+        self.states.end_all()

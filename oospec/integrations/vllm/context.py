@@ -1,0 +1,95 @@
+"""What the drafters may know about a vLLM request: its tools, messages and dialect.
+
+Two routes, best first:
+- `SamplingParams.extra_args["oospec"]`: {"tools", "messages", "tool_choice", "dialect"} (OpenAI shapes), as
+  a dict (`LLM.generate` users) or as its JSON text (the OpenAI server's `vllm_xargs` take flat values only:
+  a client sends `vllm_xargs={"oospec": context_json(...)}`, or the tool-parser plugin fills it);
+- the rendered prompt, for `/v1/completions` and `LLM.generate` users: the `<tools>` block of Qwen/Hermes
+  templates (OpenAI JSON, one per line) or the prose tool list of API-Bank prompts, and the last user turn.
+A request with neither is drafted by prompt lookup and retrieval alone (schema drafting needs tools).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from oospec.datasets.apibank import tools_from_apibank_prompt
+from oospec.tools.dialects import DIALECTS
+from oospec.tools.schema import Tool, tools_from_openai
+
+EXTRA_ARGS_KEY = "oospec"  # SamplingParams.extra_args[EXTRA_ARGS_KEY]: the request context as sent
+
+_TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
+# The last user turn of a ChatML prompt (Qwen, Hermes); other templates fall back to the whole prompt.
+_LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+
+
+@dataclass(frozen=True)
+class RequestContext:
+    tools: list[Tool] | None = None  # None: no tools known (schema drafting stays off)
+    messages: list[dict] | None = None
+    dialect: str | None = None  # oospec.tools.dialects name; None: hermes
+    tools_in_prompt: bool | None = None  # True: the prompt describes the tools in prose (API-Bank)
+    tool_choice: Any = None
+
+
+def context_from_extra_args(extra_args: dict | None) -> RequestContext | None:
+    """The context a client or tool-parser plugin sent; None when it sent none. Malformed parts are dropped
+    (drafting then knows less; the output cannot change)."""
+    sent = (extra_args or {}).get(EXTRA_ARGS_KEY)
+    if isinstance(sent, str):
+        try:
+            sent = json.loads(sent)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(sent, dict):
+        return None
+    tools = _openai_tools(sent.get("tools"))
+    messages = sent.get("messages")
+    messages = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else None
+    dialect = sent.get("dialect") if sent.get("dialect") in DIALECTS else None
+    return RequestContext(tools=tools, messages=messages, dialect=dialect,
+                          tools_in_prompt=dialect == "apibank" or None, tool_choice=sent.get("tool_choice"))
+
+
+def context_json(tools: list[dict] | None, messages: list[dict] | None, tool_choice: Any = None,
+                 dialect: str | None = None) -> str:
+    """The request context as `vllm_xargs` carry it (one JSON string under EXTRA_ARGS_KEY)."""
+    return json.dumps({"tools": tools, "messages": messages, "tool_choice": tool_choice, "dialect": dialect},
+                      ensure_ascii=False)
+
+
+def context_from_prompt(text: str) -> RequestContext:
+    """The tools and the user's words as far as the rendered prompt shows them."""
+    users = _LAST_USER.findall(text)
+    messages = [{"role": "user", "content": users[-1] if users else text}]
+    block = _TOOLS_BLOCK.search(text)
+    if block is not None:
+        specs = []
+        for line in block.group(1).splitlines():
+            try:
+                specs.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        tools = _openai_tools(specs)
+        if tools:
+            return RequestContext(tools=tools, messages=messages, dialect="hermes")
+    try:
+        tools = tools_from_apibank_prompt(text)
+    except Exception:  # the prose list is user text: an unreadable one means no tools, never an error
+        tools = []
+    if tools:
+        return RequestContext(tools=tools, messages=messages, dialect="apibank", tools_in_prompt=True)
+    return RequestContext(messages=messages)
+
+
+def _openai_tools(specs: Any) -> list[Tool] | None:
+    if not isinstance(specs, list) or not specs:
+        return None
+    try:
+        return tools_from_openai(specs)
+    except Exception:  # a schema oospec cannot read: draft without it rather than fail the request
+        return None
