@@ -71,6 +71,7 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
         "e2e_s": e2e,
         "draft_s": st.draft_s,
         "sampling": st.sampling,
+        "threads_borrowed": st.threads_borrowed,  # the idle sidecar's threads the target used (equal cores)
     })
 
 

@@ -149,6 +149,11 @@ class SidecarDrafter(Drafter):
             if payload is not None:
                 self._record_arrival(payload, tokens_written=None)
 
+    def idle_threads(self) -> int:
+        # A client that cannot say (a test double with submit/poll only) lends nothing.
+        idle = getattr(self.sidecar, "idle_threads", None)
+        return idle() if idle is not None else 0
+
     def _record_arrival(self, payload: Payload, tokens_written: int | None) -> None:
         report = self.report
         report.arrived, report.tokens_written_at_arrival = tokens_written is not None, tokens_written
@@ -306,3 +311,6 @@ class OoOSpecDrafter(MergedDrafter):
     @property
     def report(self) -> SidecarReport:
         return self.sidecar_drafter.report
+
+    def idle_threads(self) -> int:
+        return self.sidecar_drafter.idle_threads()
