@@ -195,3 +195,28 @@ def test_smollm2_chunked_prefill_with_a_real_sidecar_process(smollm2_engine):
     finally:
         engine.target.prefill_chunk = chunk
         torch.set_num_threads(before)
+
+
+def test_bench_oospec_borrows_the_idle_sidecar_thread_and_oospec_own_cores_does_not(smollm2_tokenizer, tmp_path):
+    """In `bench run`, `oospec` (1+1 cores) takes the sidecar's thread once the sidecar is idle and still counts
+    2 CPU threads; `oospec-own-cores`, the method before the give-back, never takes it. Both stay identical."""
+    import json
+
+    from helpers import tiny_model
+
+    from oospec.bench import run as bench_run
+    from oospec.bench.config import BenchConfig
+    from oospec.engine.engine import Engine
+
+    engine = Engine(tiny_model("llama", vocab=len(smollm2_tokenizer)), smollm2_tokenizer)
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "oospec", "oospec-own-cores"], target="tiny-random",
+                      limit=2, max_new_tokens=32, budget=8, out=tmp_path, progress=False, echo=False, threads=1)
+    with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good"}) as client:
+        result = bench_run.run_benchmark(cfg, engine=engine, sidecar=client)
+    rows = result["summary"]["apibank"]
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    for name in ("oospec", "oospec-own-cores"):
+        assert rows[name]["identical_rate"] == 1.0 and rows[name]["cpu_threads"] == 2 and rows[name]["cores"] == "1+1"
+    assert all(r["threads_borrowed"] == 0 for r in records if r["method"] == "oospec-own-cores")
+    assert any(r["threads_borrowed"] == 1 for r in records if r["method"] == "oospec")
+    assert all(r["threads_borrowed"] == 0 for r in records if r["method"] == "ar")

@@ -215,6 +215,8 @@ FOOTNOTES = """\
   oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before
   its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
   target that outpaces the CPU sidecar here.
+  oospec-own-cores: oospec whose target keeps its own share of the cores even once the sidecar is idle
+  (oospec borrows the idle sidecar's threads: run.json samples' threads_borrowed); the method before issue 17.
   ar-all-cores: ar with every core, for reference.
 - sidecar table: answered = a valid payload came back (perhaps after the request ended); in time = it
   arrived while the target was still decoding, so its hints could be used; tokens written at arrival (of

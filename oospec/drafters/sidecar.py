@@ -303,7 +303,10 @@ class OoOSpecDrafter(MergedDrafter):
     name = "oospec"
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
-                 wait_s: float = 0.0):
+                 wait_s: float = 0.0, lend_threads: bool = True):
+        # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
+        # before the give-back; benchmarks compare the two in one run).
+        self.lend_threads = lend_threads
         schema = SchemaDrafter()
         self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s)
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
@@ -313,4 +316,4 @@ class OoOSpecDrafter(MergedDrafter):
         return self.sidecar_drafter.report
 
     def idle_threads(self) -> int:
-        return self.sidecar_drafter.idle_threads()
+        return self.sidecar_drafter.idle_threads() if self.lend_threads else 0
