@@ -72,6 +72,7 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
         "e2e_s": e2e,
         "draft_s": st.draft_s,
         "sampling": st.sampling,
+        "threads_borrowed": st.threads_borrowed,  # the idle sidecar's threads the target used (equal cores)
     })
 
 
@@ -204,6 +205,17 @@ class OoOSpecMethod(SidecarMethod):
     drafter_name = "oospec"
 
 
+class OoOSpecOwnCoresMethod(SidecarMethod):
+    """`oospec` whose target never borrows the idle sidecar's threads: the method before the give-back."""
+
+    drafter_name = "oospec"
+
+    def make_drafter(self):
+        from oospec.drafters import make_drafter
+
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False)
+
+
 class OoOSpecWaitMethod(SidecarMethod):
     """`oospec` whose target waits for the payload before its first draft (the wait counts in decode time): the
     tau of hints always in time, as a sidecar on its own accelerator gives a target that outpaces a CPU one."""
@@ -265,6 +277,7 @@ METHODS: dict[str, type[BenchMethod]] = {
     "sidecar": SidecarMethod,
     "oospec": OoOSpecMethod,
     "oospec-wait": OoOSpecWaitMethod,
+    "oospec-own-cores": OoOSpecOwnCoresMethod,
     "hf-pld": HFMethod,
     "hf-assisted": HFAssistedMethod,
 }

@@ -228,6 +228,9 @@ NOTES: tuple[tuple[frozenset[str] | None, str], ...] = (
   oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before
   its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
   target that outpaces the CPU sidecar here."""),
+    (frozenset({"oospec-own-cores"}), """\
+  oospec-own-cores: oospec whose target keeps its own share of the cores even once the sidecar is idle
+  (oospec borrows the idle sidecar's threads: samples.jsonl threads_borrowed); the method before issue 17."""),
     (frozenset({ALL_CORES}), """\
   ar-all-cores: ar with every core, for reference."""),
     (frozenset({ANY_SIDECAR}), """\

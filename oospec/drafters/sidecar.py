@@ -149,6 +149,11 @@ class SidecarDrafter(Drafter):
             if payload is not None:
                 self._record_arrival(payload, tokens_written=None)
 
+    def idle_threads(self) -> int:
+        # A client that cannot say (a test double with submit/poll only) lends nothing.
+        idle = getattr(self.sidecar, "idle_threads", None)
+        return idle() if idle is not None else 0
+
     def _record_arrival(self, payload: Payload, tokens_written: int | None) -> None:
         report = self.report
         report.arrived, report.tokens_written_at_arrival = tokens_written is not None, tokens_written
@@ -298,7 +303,10 @@ class OoOSpecDrafter(MergedDrafter):
     name = "oospec"
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
-                 wait_s: float = 0.0):
+                 wait_s: float = 0.0, lend_threads: bool = True):
+        # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
+        # before the give-back; benchmarks compare the two in one run).
+        self.lend_threads = lend_threads
         schema = SchemaDrafter()
         self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s)
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
@@ -306,3 +314,6 @@ class OoOSpecDrafter(MergedDrafter):
     @property
     def report(self) -> SidecarReport:
         return self.sidecar_drafter.report
+
+    def idle_threads(self) -> int:
+        return self.sidecar_drafter.idle_threads() if self.lend_threads else 0

@@ -15,6 +15,7 @@ from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.speculative_sampling import speculative_accept
 from oospec.engine.target import TargetBackend
+from oospec.engine.threads import ThreadShare
 from oospec.engine.tree import TokenTree
 from oospec.errors import ContextLengthError
 
@@ -33,6 +34,7 @@ class GenerationStats:
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside drafters (part of decode_s)
     prompt_tokens_reused: int = 0  # prompt tokens restored from a prefix cache instead of prefilled
+    threads_borrowed: int = 0  # the most CPU threads the target borrowed from an idle sidecar (ThreadShare)
     # Which path ran: "greedy" (speculative, lossless), "speculative sample(temperature=..., ...)" (speculative,
     # distribution-preserving) or "sample(temperature=..., ...)" (plain sampling, one forward per token).
     sampling: str = "greedy"
@@ -58,6 +60,7 @@ class GenerationStats:
             "decode_s": round(self.decode_s, 4),
             "draft_s": round(self.draft_s, 4),
             "prompt_tokens_reused": self.prompt_tokens_reused,
+            "threads_borrowed": self.threads_borrowed,
             "sampling": self.sampling,
         }
 
@@ -106,15 +109,19 @@ def generate(
     n = p
     target.reset(p + max_new_tokens + budget + 1)
     drafter.start(request)
+    # The target takes the threads of a sidecar on its CPU while that sidecar is idle (checked between
+    # prefill chunks and before every verification); they are given back when it works again, and at the end.
+    threads = ThreadShare(drafter)
     try:
         # 1. Prefill: the prompt goes into the cache, its last logits give the first (pending) token.
         t0 = time.perf_counter()
         reused = prefix_cache.restore(target, prompt) if prefix_cache is not None else 0
+        threads.update()
         if sampling is None:
-            pending = target.prefill(prompt, start=reused)
+            pending = target.prefill(prompt, start=reused, between_chunks=threads.update)
         else:
-            pending = inverse_cdf(target_distribution(target.prefill_logits(prompt, start=reused).cpu(), sampling),
-                                  float(uniforms[0]))
+            logits = target.prefill_logits(prompt, start=reused, between_chunks=threads.update)
+            pending = inverse_cdf(target_distribution(logits.cpu(), sampling), float(uniforms[0]))
         stats.prefill_s = time.perf_counter() - t0
         stats.prompt_tokens_reused = reused
         stats.target_forwards = 1
@@ -138,6 +145,7 @@ def generate(
             else:
                 tree = TokenTree.empty()
             stats.draft_s += time.perf_counter() - t_draft
+            threads.update()
             # 3. Verify: one target forward over the pending token and every node.
             # 4. Accept: greedy, the longest path the target agrees with, plus its own next token; sampling, the
             #    path speculative sampling accepts, plus the token it draws after it.
@@ -174,7 +182,9 @@ def generate(
         if prefix_cache is not None:
             prefix_cache.store(target, seq[: min(n, target.length)])
     finally:
+        threads.restore()
         drafter.finish()
+    stats.threads_borrowed = threads.borrowed_max
     stats.new_tokens = n - p
     return Generation(tokens=seq[p:n].copy(), stats=stats, finish_reason=finish_reason)
 

@@ -83,6 +83,11 @@ class Drafter:
     def finish(self) -> None:
         """Called once when the request ends (also on errors)."""
 
+    def idle_threads(self) -> int:
+        """CPU threads this drafter's helper process owns on the target's CPU but is not using right now (a
+        sidecar whose answer is in): the target may use them until this says 0 again (oospec.engine.threads)."""
+        return 0
+
 
 def build_tree(candidates: Sequence[Candidate], budget: int, cost: CostModel | None = None,
                discount: float = 1.0) -> TokenTree:

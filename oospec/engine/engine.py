@@ -13,7 +13,7 @@ from oospec.engine.distribution import SamplingParams
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
-from oospec.engine.target import TargetBackend
+from oospec.engine.target import PREFILL_CHUNK, TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -56,10 +56,10 @@ class Engine:
     """One target model and its tokenizer; `generate` decodes with any drafter, losslessly: greedy output is
     token-identical to plain greedy, sampled output has plain sampling's distribution."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = 16):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = 16, prefill_chunk: int = PREFILL_CHUNK):
         self.model = model
         self.tokenizer = tokenizer
-        self.target = TargetBackend(model)
+        self.target = TargetBackend(model, prefill_chunk)
         self.budget = budget
         self.eos_ids = self._eos_ids()
 

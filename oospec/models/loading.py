@@ -83,7 +83,9 @@ def _torch_dtype(dtype: Any, device: str):
     if dtype not in _DTYPES:
         raise OospecError(f"Unknown dtype {dtype!r}: use one of {', '.join(_DTYPES)}.")
     if dtype == "auto":
-        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        from oospec.models.cpu_features import auto_dtype
+
+        dtype = auto_dtype(device)
     return getattr(torch, dtype)
 
 
@@ -130,7 +132,8 @@ def load_model(
     """Load ``(model, tokenizer)`` for inference.
 
     ``name_or_path`` is a known model name (pulled and converted on first use) or a local Hugging Face
-    folder. ``dtype="auto"`` means float32 on CPU and bfloat16 on CUDA. The model is in eval mode with
+    folder. ``dtype="auto"`` means bfloat16 on CUDA and on CPUs with native bfloat16
+    arithmetic, float32 elsewhere (oospec.models.cpu_features.auto_dtype). The model is in eval mode with
     gradients off. Raises ``ModelNotFoundError`` for a missing model and ``ModelIntegrityError`` for
     corrupt, truncated or missing weights.
     """

@@ -195,6 +195,18 @@ class SidecarClient:
     def pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
+    def idle_threads(self) -> int:
+        """The worker's CPU threads while it has nothing to compute (no job unanswered, or no worker at all):
+        the target may use them until the next `submit`. 0 while it works or loads, and for a sidecar on
+        another device (it never held the target's cores). Reads answers already sent; never waits."""
+        if self.device != "cpu" or not self.threads:
+            return 0
+        if not self._closed:
+            self._drain()
+            if not self._ready or self._busy_since is not None:
+                return 0
+        return self.threads
+
     def clear_cache(self) -> None:
         """Have the worker drop its predictor's caches before the next job (never waits; jobs sent before are
         dropped unstarted: their request is over)."""
