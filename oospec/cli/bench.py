@@ -28,8 +28,10 @@ def cmd_bench_cost_curve(args) -> None:
     set_threads(args.threads)
     ks = tuple(int(k) for k in args.ks.split(","))
     if args.random_init:
-        dtype = {"auto": torch.bfloat16 if args.device.startswith("cuda") else torch.float32,
-                 "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[args.dtype]
+        from oospec.models.cpu_features import auto_dtype
+
+        name = auto_dtype(args.device) if args.dtype == "auto" else args.dtype
+        dtype = getattr(torch, name)
         from oospec.models.random_init import random_model
 
         model = random_model(args.random_init, dtype, args.device)
