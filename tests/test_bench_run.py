@@ -267,7 +267,7 @@ def test_sampled_bench_refuses_greedy_only_peers_and_bad_options(tmp_path):
                            (dict(temperature=0.7, top_p=0.0), "top_p")):
         cfg = BenchConfig(datasets=["apibank"], limit=1, out=tmp_path, progress=False, echo=False,
                           **{"methods": ["ar"], **extra})
-        with pytest.raises(BenchError, match=message):
+        with pytest.raises(OospecError, match=message):
             bench_run.run_benchmark(cfg)  # refused before any model is loaded (none is given)
 
 

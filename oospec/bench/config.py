@@ -94,15 +94,9 @@ def item_seed(cfg: BenchConfig, dataset: str, sample_id) -> int:
 
 def check_sampling(cfg: BenchConfig) -> None:
     """Refuse bad sampling options before any model is loaded."""
-    if cfg.temperature < 0:
-        raise BenchError(f"--temperature must be >= 0, got {cfg.temperature}")
-    if cfg.temperature > 0:
-        from oospec.engine.distribution import SamplingParams
+    from oospec.engine.distribution import check_sampling_options
 
-        try:
-            SamplingParams(cfg.temperature, cfg.top_p, cfg.top_k, cfg.seed)
-        except ValueError as exc:
-            raise BenchError(str(exc)) from None
+    check_sampling_options(cfg.temperature, cfg.top_p, cfg.top_k, cfg.seed)
 
 
 def plan_cores(cfg: BenchConfig, default_threads: int, with_sidecar: bool) -> Cores:

@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from oospec.cli.options import (add_budget_option, add_command, add_runtime_options, add_sidecar_options,
-                                positive_int, set_threads, sidecar_settings)
+from oospec.cli.options import (add_budget_option, add_command, add_runtime_options, add_sampling_options,
+                                add_sidecar_options, positive_int, set_threads, sidecar_settings)
 from oospec.integrations.vllm.bench import add_vllm_bench_parser
 from oospec.models.registry import DEFAULT_SIDECAR, TINY_TARGET
 
@@ -116,13 +116,8 @@ def add_bench_parser(sub) -> None:
                    help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_budget_option(p)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0: greedy; > 0: every method samples, `ar` plainly, the others speculatively, "
-                        "with the same seed per item")
-    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0: nucleus sampling mass")
-    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0: the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=int, default=0, help="with --temperature > 0: the run's seed (items get their own "
-                                                       "from it)")
+    add_sampling_options(p, "0: greedy; > 0: every method samples, `ar` plainly, the others speculatively, with "
+                            "the same seed per item", 0, "the run's seed (items get their own from it)")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -7,6 +7,7 @@ import json
 import sys
 
 from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
+                                add_sampling_options,
                                 add_sidecar_options, load_json, load_tools, method_sidecar, positive_int)
 from oospec.errors import OospecError
 
@@ -62,15 +63,9 @@ def cmd_generate(args) -> None:
 
 def check_sampling_options(args) -> None:
     """Refuse bad --temperature/--top-p/--top-k before the model is loaded."""
-    from oospec.engine.distribution import SamplingParams
+    from oospec.engine.distribution import check_sampling_options as check
 
-    if args.temperature < 0:
-        raise OospecError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.temperature > 0:
-        try:
-            SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-        except ValueError as exc:
-            raise OospecError(str(exc)) from None
+    check(args.temperature, args.top_p, args.top_k, args.seed)
 
 
 def cmd_demo(args) -> None:
@@ -90,12 +85,9 @@ def add_generate_parser(sub) -> None:
     add_method_option(p)
     p.add_argument("--max-new-tokens", type=positive_int, default=256)
     add_budget_option(p)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="0: greedy, token-identical to plain greedy; > 0: sample, the drafts verified by "
-                        "speculative sampling (the distribution of plain sampling)")
-    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0: nucleus sampling mass")
-    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0: the k most likely tokens (0: all)")
-    p.add_argument("--seed", type=int, default=None, help="with --temperature > 0: the same seed, the same reply")
+    add_sampling_options(p, "0: greedy, token-identical to plain greedy; > 0: sample, the drafts verified by "
+                            "speculative sampling (the distribution of plain sampling)",
+                         None, "the same seed, the same reply")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--memory", help="JSONL store of past calls that retrieval reads and appends to, across runs")
     add_runtime_options(p)

@@ -169,3 +169,12 @@ def load_tools(path: str) -> list[dict]:
                           f"{type(tools).__name__ if not isinstance(tools, list) else 'a list of non-objects'}")
     return tools
 
+
+def add_sampling_options(p: argparse.ArgumentParser, temperature_help: str, seed_default: int | None,
+                         seed_help: str) -> None:
+    """--temperature (0: greedy), --top-p, --top-k and --seed; read back under the same names."""
+    p.add_argument("--temperature", type=float, default=0.0, help=temperature_help)
+    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0: nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0: the k most likely tokens (0: all)")
+    p.add_argument("--seed", type=int, default=seed_default, help=f"with --temperature > 0: {seed_help}")
+

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from oospec.errors import OospecError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -37,6 +39,18 @@ class SamplingParams:
 
     def describe(self) -> str:
         return f"temperature={self.temperature:g}, top_p={self.top_p:g}, top_k={self.top_k}"
+
+
+def check_sampling_options(temperature: float, top_p: float = 1.0, top_k: int = 0, seed: int | None = None) -> None:
+    """Refuse bad sampling options in one clear line before anything is loaded (the CLI and bench call it);
+    at temperature 0 (greedy) the others are unused and not checked."""
+    if temperature < 0:
+        raise OospecError(f"--temperature must be >= 0, got {temperature}")
+    if temperature > 0:
+        try:
+            SamplingParams(temperature, top_p, top_k, seed)
+        except ValueError as exc:
+            raise OospecError(str(exc)) from None
 
 
 def target_distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
