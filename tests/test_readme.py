@@ -258,7 +258,7 @@ def test_readme_benchmarks_with_a_sidecar_run_held_out_items():
     asks for them would stop with that error, so every such command must ask for held-out items only."""
     from oospec.bench.config import BenchConfig, load_datasets
     from oospec.bench.methods import parse_methods, uses_sidecar
-    from oospec.bench.run import check_trained_items
+    from oospec.bench.run import check_trained_items, trained_item_filter
     from oospec.sidecar.process import resolve_adapter
 
     checked = 0
@@ -269,8 +269,11 @@ def test_readme_benchmarks_with_a_sidecar_run_held_out_items():
         args = build_parser().parse_args(argv)
         if args.allow_trained_items or not any(uses_sidecar(m) for m in parse_methods(args.methods)):
             continue
-        datasets = load_datasets(BenchConfig(datasets=args.dataset.split(","), split=args.split, limit=args.limit))
         adapter = resolve_adapter(args.sidecar_model, args.sidecar_adapter)
+        # The items the command selects, as bench run selects them (--offset, --held-out-only, --limit).
+        exclude = trained_item_filter(adapter) if args.held_out_only else None
+        datasets = load_datasets(BenchConfig(datasets=args.dataset.split(","), split=args.split, limit=args.limit,
+                                             offset=args.offset), exclude=exclude)
         assert check_trained_items(datasets, adapter, allow=True) == [], f"{where}: `{shlex.join(cmd)}`"
         checked += 1
     assert checked >= 2
