@@ -65,11 +65,11 @@ class TableTarget:
     def reset(self, capacity: int) -> None:
         self.committed = []
 
-    def prefill_logits(self, prompt_ids, start: int = 0) -> torch.Tensor:
+    def prefill_logits(self, prompt_ids, start: int = 0, between_chunks=None) -> torch.Tensor:
         self.committed = [int(t) for t in prompt_ids]
         return self.logits_after(self.committed)
 
-    def prefill(self, prompt_ids, start: int = 0) -> int:
+    def prefill(self, prompt_ids, start: int = 0, between_chunks=None) -> int:
         return int(self.prefill_logits(prompt_ids, start).argmax())
 
     def verify_logits(self, pending: int, tree: TokenTree) -> torch.Tensor:
