@@ -11,27 +11,23 @@ from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 
 
 def cmd_traces(args) -> None:
-    import random
-
     from oospec.engine.engine import Engine
-    from oospec.training.split import build_split, write_manifest
+    from oospec.training.pool import pool_sources, training_pool
     from oospec.training.traces import record_traces
 
     set_threads(args.threads)
     out = Path(args.out)
-    split = build_split(args.seed, args.heldout_fraction, args.bench_items, args.synthetic_per_tool)
-    rng = random.Random(args.seed)
-    train = list(split.train)
-    rng.shuffle(train)
-    train = train[: args.train_items] + split.synthetic[: args.synthetic_items]
-    heldout = [s for s in split.heldout if s.dataset == "apibank"][: args.heldout_items]
-    write_manifest(split, out / "manifest.json", args.seed,
-                   {"apibank": "levels 1-3", "toolalpaca": "eval_simulated", "teacher": args.teacher,
-                    "used_train_items": [s.id for s in train], "used_heldout_items": [s.id for s in heldout]})
+    out.mkdir(parents=True, exist_ok=True)
+    sources = pool_sources(args.scale)
+    parts = training_pool(sources, seed=args.seed, rounds=args.rounds)
+    (out / "pool.json").write_text(json.dumps(
+        {"seed": args.seed, "teacher": args.teacher, "max_new_tokens": args.max_new_tokens,
+         "sources": [{"source": s.label, "first": s.first, "drawn": s.drawn} for s in sources],
+         "items": [s.id for part in parts for s in part]}, indent=1) + "\n")
     engine = Engine.from_pretrained(args.teacher)
-    record_traces(engine, train, out / "train_traces.jsonl", max_new_tokens=args.max_new_tokens)
-    record_traces(engine, heldout, out / "heldout_traces.jsonl", max_new_tokens=args.max_new_tokens)
-    print(f"traces in {out}: {len(train)} training requests, {len(heldout)} held-out")
+    for k, part in enumerate(parts):
+        traces = record_traces(engine, part, out / "traces.jsonl", max_new_tokens=args.max_new_tokens)
+        print(f"part {k + 1}/{len(parts)} traced: {len(traces)} traces in {out / 'traces.jsonl'}")
 
 
 def cmd_train(args) -> None:
@@ -88,18 +84,15 @@ def cmd_eval(args) -> None:
 def add_sidecar_parser(sub) -> None:
     sc = sub.add_parser("sidecar", help="train and evaluate the sidecar").add_subparsers(
         dest="sidecar_cmd", required=True, metavar="SIDECAR_COMMAND")
-    p = add_command(sc, "traces", "split by tool, then record the teacher's calls (resumable)",
-                    "oospec sidecar traces --out runs/sidecar-data --train-items 60")
+    p = add_command(sc, "traces", "record the teacher's greedy calls on the training pool (resumable)",
+                    "oospec sidecar traces --out runs/sidecar-data")
     p.add_argument("--out", default="runs/sidecar-data")
     p.add_argument("--teacher", default=DEFAULT_TARGET)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--heldout-fraction", type=float, default=0.3)
-    p.add_argument("--bench-items", type=int, default=8, help="API-Bank level-1 benchmark items whose tools are held out")
-    p.add_argument("--train-items", type=int, default=60, help="real training requests traced (shuffled)")
-    p.add_argument("--synthetic-per-tool", type=int, default=2)
-    p.add_argument("--synthetic-items", type=int, default=120)
-    p.add_argument("--heldout-items", type=int, default=30)
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--scale", type=float, default=1.0, help="times the pool's drawn items per source")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="parts traced one after another, each with its share of every source")
+    p.add_argument("--max-new-tokens", type=int, default=192)
     add_threads_option(p)
     p.set_defaults(func=cmd_traces)
     p = add_command(sc, "train", "LoRA on the sidecar's task rows",

@@ -13,6 +13,10 @@ from oospec.tools.dialects import ToolCall
 from oospec.tools.schema import tools_from_openai
 
 BFCL_SPLITS = ("simple_python", "multiple", "parallel", "parallel_multiple")
+# More tool families for the sidecar's training data (not benchmark sets, so not in "all"). irrelevance's
+# requests fit none of the offered functions: the right answer is no call, and it has no possible_answer.
+BFCL_TRAINING_SPLITS = ("simple_java", "simple_javascript", "irrelevance")
+_BFCL_NO_CALL_SPLITS = ("irrelevance",)
 _BFCL_ALIASES = {"simple": "simple_python"}
 
 # BFCL's prompting-mode system prompt (bfcl_eval/constants/default_prompts.py), used with dialect "pythonic".
@@ -35,8 +39,9 @@ _BFCL_PYTHON_HINT = " Note that the provided function is in Python 3 syntax."
 
 def _bfcl_split(split: str) -> str:
     s = _BFCL_ALIASES.get(split, split)
-    if s not in BFCL_SPLITS:
-        raise DatasetError(f"BFCL split must be one of {', '.join(BFCL_SPLITS)} or 'all', got {split!r}")
+    if s not in BFCL_SPLITS + BFCL_TRAINING_SPLITS:
+        raise DatasetError(f"BFCL split must be one of {', '.join(BFCL_SPLITS + BFCL_TRAINING_SPLITS)} or 'all', "
+                           f"got {split!r}")
     return s
 
 
@@ -125,7 +130,7 @@ def bfcl_samples(questions: Sequence[Any], answers: Mapping[str, Any] | None, *,
             else:
                 messages.insert(0, {"role": "system", "content": system})
             meta["tools_in_prompt"] = True
-        gold = None
+        gold = [] if split in _BFCL_NO_CALL_SPLITS else None
         pa = answers.get(qid) if answers is not None else q.get("ground_truth")
         if pa is not None:
             meta["possible_answer"] = pa
@@ -170,7 +175,8 @@ def bfcl_file(path: str | Path, *, split: str | None = None, dialect: str = "her
 def load_bfcl(split: str = "simple_python", dialect: str = "hermes", path: str | Path | None = None,
               answers_path: str | Path | None = None) -> Samples:
     """BFCL v4 non-live AST categories: simple_python (400), multiple (200), parallel (200),
-    parallel_multiple (200), or "all".
+    parallel_multiple (200), or "all"; for training also simple_java (100), simple_javascript (50) and
+    irrelevance (240, no call is right).
 
     ``dialect="hermes"`` (Qwen) or ``"llama3_json"`` passes the functions through the chat template
     (``sample.chat_tools()``); ``"pythonic"`` is BFCL's prompting mode (functions in the system prompt,
@@ -182,7 +188,10 @@ def load_bfcl(split: str = "simple_python", dialect: str = "hermes", path: str |
         return Samples.concat(load_bfcl(sp, dialect=dialect) for sp in BFCL_SPLITS)
     split = _bfcl_split(split)
     name = f"BFCL_v4_{split}.json"
-    answers, notes = _answers_by_id(data_path("bfcl", "possible_answer", name))
+    if split in _BFCL_NO_CALL_SPLITS:
+        answers, notes = None, Samples()
+    else:
+        answers, notes = _answers_by_id(data_path("bfcl", "possible_answer", name))
     samples = bfcl_samples(read_records(data_path("bfcl", name)), answers, split=split, dialect=dialect,
                            source=f"bfcl/{name}")
     return Samples.concat([notes, samples])

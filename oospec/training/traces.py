@@ -19,7 +19,8 @@ def trace_record(sample: Sample, text: str) -> dict:
     return {"id": sample.id, "dataset": sample.dataset, "messages": sample.messages,
             "tools": [to_openai(t) for t in sample.tools], "chat_tools": sample.chat_tools(),
             "dialect": sample.dialect, "text": text,
-            "call": {"name": call.name, "arguments": call.arguments} if call is not None else None}
+            "call": {"name": call.name, "arguments": call.arguments} if call is not None else None,
+            "calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}
 
 
 def read_traces(path: str | Path) -> list[dict]:
@@ -34,6 +35,24 @@ def read_traces(path: str | Path) -> list[dict]:
             except json.JSONDecodeError:  # a line cut short by an interrupted run: redone next time
                 continue
     return out
+
+
+# A reply that has written this many tokens without any character a call starts with is a plain answer: the
+# sidecar learns "no call" from its first few characters, so the rest is not worth decoding.
+PLAIN_ANSWER_TOKENS = 48
+_CALL_MARKS = ("{", "[", "(", "<tool_call>")
+
+
+def _stop_plain_answers(tokenizer):
+    seen: list[int] = []
+
+    def on_tokens(tokens) -> bool:
+        seen.extend(int(t) for t in tokens)
+        if len(seen) < PLAIN_ANSWER_TOKENS:
+            return False
+        text = tokenizer.decode(seen)
+        return not any(m in text for m in _CALL_MARKS)
+    return on_tokens
 
 
 def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method: str = "toolspec",
@@ -58,7 +77,7 @@ def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method
         for sample in tqdm(todo, desc="traces", unit="req", disable=not progress):
             result = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
                                      dialect=sample.dialect, drafter=drafter, max_new_tokens=max_new_tokens,
-                                     prefix_cache=cache)
+                                     prefix_cache=cache, on_tokens=_stop_plain_answers(engine.tokenizer))
             f.write(json.dumps(trace_record(sample, result.text), ensure_ascii=False) + "\n")
             f.flush()
     return read_traces(path)
