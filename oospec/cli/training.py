@@ -22,7 +22,7 @@ def cmd_traces(args) -> None:
     parts = training_pool(sources, seed=args.seed, rounds=args.rounds)
     (out / "pool.json").write_text(json.dumps(
         {"seed": args.seed, "teacher": args.teacher, "max_new_tokens": args.max_new_tokens,
-         "sources": [{"source": s.label, "first": s.first, "drawn": s.drawn} for s in sources],
+         "sources": [{"source": s.label, "reserved": s.reserved, "drawn": s.drawn} for s in sources],
          "items": [s.id for part in parts for s in part]}, indent=1) + "\n")
     engine = Engine.from_pretrained(args.teacher)
     for k, part in enumerate(parts):
@@ -30,7 +30,36 @@ def cmd_traces(args) -> None:
         print(f"part {k + 1}/{len(parts)} traced: {len(traces)} traces in {out / 'traces.jsonl'}")
 
 
+def cmd_split(args) -> None:
+    from collections import Counter
+
+    from oospec.sidecar.process import resolve_adapter
+    from oospec.training.pool import pool_sources
+    from oospec.training.split import (PARTS, adapter_trained_tools, benchmark_tools, split_traces,
+                                       write_trace_split)
+    from oospec.training.traces import read_traces
+
+    traces = read_traces(args.traces)
+    if not traces:
+        raise OospecError(f"no traces in {args.traces}: run `oospec sidecar traces` first")
+    pool_file = Path(args.traces).parent / "pool.json"
+    pool = json.loads(pool_file.read_text()) if pool_file.exists() else {}
+    pool.pop("items", None)
+    init = resolve_adapter(DEFAULT_SIDECAR, args.init_adapter) if args.init_adapter else None
+    fractions = tuple(float(x) for x in args.fractions.split(","))
+    split = split_traces(traces, args.seed, fractions,
+                         always_test_tools=benchmark_tools([(s.dataset, s.split, s.reserved) for s in pool_sources()]),
+                         always_train_tools=adapter_trained_tools(init) if init else ())
+    paths = write_trace_split(split, args.out, teacher=pool.get("teacher"), pool=pool,
+                              init_adapter=Path(init).name if init else None)
+    for part in PARTS:
+        by = Counter(t["id"].rsplit("_", 1)[0] if t["dataset"] == "bfcl" else t["dataset"] for t in split.traces[part])
+        print(f"{part}: {len(split.traces[part])} traces, {len(split.tools[part])} tools  {dict(sorted(by.items()))}")
+    print(f"dropped {len(split.dropped)}; files in {paths['manifest'].parent}")
+
+
 def cmd_train(args) -> None:
+    from oospec.sidecar.process import resolve_adapter
     from oospec.training.lora import TrainConfig, train
     from oospec.training.traces import read_traces
 
@@ -44,8 +73,8 @@ def cmd_train(args) -> None:
             raise OospecError(f"no traces of datasets {sorted(keep)} in {args.traces}")
     cfg = TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
                       batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
-                      threads=args.threads)
-    summary = train(traces, args.out, cfg)
+                      threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
+    summary = train(traces, args.out, cfg, max_minutes=args.max_minutes)
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 
 
@@ -92,7 +121,7 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="times the pool's drawn items per source")
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="parts traced one after another, each with its share of every source")
-    p.add_argument("--max-new-tokens", type=int, default=192)
+    p.add_argument("--max-new-tokens", type=int, default=160)
     add_threads_option(p)
     p.set_defaults(func=cmd_traces)
     p = add_command(sc, "train", "LoRA on the sidecar's task rows",
@@ -110,8 +139,21 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--rank-weight", type=float, default=1.0,
                    help="weight of the function-ranking loss (teacher's tool above the other offered tools)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--init-adapter", default=None, metavar="DIR",
+                   help="start from this adapter's weights (split with the same --init-adapter)")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this long, saving the state: the same command resumes")
     add_threads_option(p)
     p.set_defaults(func=cmd_train)
+    p = add_command(sc, "split", "split traces by tool into train / validation / test",
+                    "oospec sidecar split --traces runs/sidecar-data/traces.jsonl --out runs/sidecar-split")
+    p.add_argument("--traces", default="runs/sidecar-data/traces.jsonl")
+    p.add_argument("--out", default="runs/sidecar-split")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--fractions", default="0.7,0.15,0.15", help="of the called tools: train,validation,test")
+    p.add_argument("--init-adapter", default=None, metavar="DIR",
+                   help="an adapter training will start from: its training tools are kept in train")
+    p.set_defaults(func=cmd_split)
     p = add_command(sc, "eval", "agreement with the teacher on held-out tools, base vs trained",
                     "oospec sidecar eval --adapter runs/sidecar-adapter")
     p.add_argument("--traces", default="runs/sidecar-data/heldout_traces.jsonl")

@@ -45,6 +45,15 @@ class TrainConfig:
     max_prompt_tokens: int = 2048
     seed: int = 0
     threads: int | None = None
+    checkpoint_every: int = 10  # optimizer steps between saved training states (a stopped run resumes there)
+    # Start from this adapter's weights (its r and alpha) instead of a fresh LoRA: more data on top of a trained
+    # adapter. Its training tools must then count as used (`split_traces(always_train_tools=...)`).
+    init_adapter: str | None = None
+
+
+STATE_FILE = "train_state.pt"
+# Settings that may differ between a run and the run it resumes (they do not change what is trained).
+_RESUME_FREE = ("threads", "checkpoint_every")
 
 
 @dataclass
@@ -148,10 +157,35 @@ def _store_half(path: Path) -> None:
                   metadata={"format": "pt"})
 
 
+def _save_adapter(model, out: Path, cfg: TrainConfig) -> None:
+    model.save_pretrained(str(out))
+    _store_half(out / "adapter_model.safetensors")
+    _name_base(out / "adapter_config.json", cfg.base)
+    (out / SIDECAR_SETTINGS).write_text(json.dumps(predictor_settings(cfg)) + "\n")
+
+
+def _resume_key(cfg: TrainConfig, n_requests: int) -> dict:
+    return {"config": {k: v for k, v in asdict(cfg).items() if k not in _RESUME_FREE}, "requests": n_requests}
+
+
+def _load_state(path: Path, key: dict) -> dict | None:
+    """The saved state of an interrupted run of the same training, else None (a different run starts afresh)."""
+    if not path.exists():
+        return None
+    state = torch.load(path, weights_only=False)
+    return state if state.get("key") == key else None
+
+
 def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=None, tokenizer=None,
-          progress: bool = True) -> dict:
-    """Train a LoRA adapter on `traces`; writes the adapter, its config, the loss log and a PNG to out_dir."""
-    from peft import LoraConfig, get_peft_model
+          progress: bool = True, max_minutes: float | None = None, max_steps: int | None = None) -> dict:
+    """Train a LoRA adapter on `traces`; writes the adapter, its config, the loss log and a PNG to out_dir, and
+    the adapter after each epoch to out_dir/epoch-N (so a checkpoint can be chosen on validation).
+
+    Resumable: the training state is saved every `cfg.checkpoint_every` steps; the same call on the same traces
+    and config continues where a stopped run left off. `max_minutes` (or `max_steps` steps in this call) stops and
+    saves; the summary then says `"finished": false`."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+    from peft.utils import get_peft_model_state_dict
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
@@ -172,9 +206,15 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
             encoded.append(enc)
     if not encoded:
         raise ValueError("no usable training rows in these traces (no parsed calls?)")
-    lora = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=cfg.target_modules,
-                      task_type="CAUSAL_LM")
-    model = get_peft_model(model, lora)
+    if cfg.init_adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
+        model.float()  # adapters are shipped in float16; train in float32
+    else:
+        lora = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
+                          target_modules=cfg.target_modules, task_type="CAUSAL_LM")
+        model = get_peft_model(model, lora)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
@@ -183,13 +223,37 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda k: min(1.0, (k + 1) / max(1, cfg.warmup_steps)) * max(0.0, 1 - k / max(1, total)))
     rng = random.Random(cfg.seed)
-    log = []
+    log: list[dict] = []
+    key = _resume_key(cfg, len(encoded))
+    state_path = out / STATE_FILE
+    state = _load_state(state_path, key)
+    epoch0, next0, order, done_s = 0, 0, None, 0.0
+    if state is not None:
+        set_peft_model_state_dict(model, state["lora"])
+        opt.load_state_dict(state["opt"])
+        sched.load_state_dict(state["sched"])
+        rng.setstate(state["rng"])
+        log, epoch0, next0, order, done_s = state["log"], state["epoch"], state["next"], state["order"], state["train_s"]
+
+    def save_state(epoch: int, nxt: int, order: list[int]) -> None:
+        torch.save({"key": key, "lora": get_peft_model_state_dict(model), "opt": opt.state_dict(),
+                    "sched": sched.state_dict(), "rng": rng.getstate(), "log": log, "epoch": epoch, "next": nxt,
+                    "order": order, "train_s": done_s + time.time() - t0}, state_path)
+
     t0 = time.time()
-    bar = tqdm(total=total, desc="train", unit="step", disable=not progress)
-    for epoch in range(cfg.epochs):
-        order = list(range(len(encoded)))
-        rng.shuffle(order)
-        for k in range(0, len(order), cfg.batch_requests):
+    deadline = t0 + 60 * max_minutes if max_minutes else None
+    finished, steps_now = True, 0
+    bar = tqdm(total=total, initial=len(log), desc="train", unit="step", disable=not progress)
+    for epoch in range(epoch0, cfg.epochs):
+        if order is None or epoch != epoch0:
+            order = list(range(len(encoded)))
+            rng.shuffle(order)
+            next0 = 0 if epoch != epoch0 else next0
+        for k in range(next0, len(order), cfg.batch_requests):
+            if (deadline is not None and time.time() > deadline) or (max_steps is not None and steps_now >= max_steps):
+                save_state(epoch, k, order)
+                finished = False
+                break
             batch = [encoded[i] for i in order[k : k + cfg.batch_requests]]
             opt.zero_grad(set_to_none=True)
             tokens = sum(supervised_tokens(e) for e in batch)
@@ -209,23 +273,30 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
             sched.step()
             log.append({"step": len(log) + 1, "epoch": epoch, "loss": total_loss / max(1, tokens),
                         "rank_loss": rank_loss / ranked if ranked else None, "ranked": ranked, "ranked_top": top,
-                        "tokens": tokens, "elapsed_s": round(time.time() - t0, 1)})
+                        "tokens": tokens, "elapsed_s": round(done_s + time.time() - t0, 1)})
             bar.set_postfix(loss=f"{log[-1]['loss']:.3f}", rank=f"{log[-1]['rank_loss'] or 0:.3f}")
             bar.update(1)
+            steps_now += 1
+            if len(log) % cfg.checkpoint_every == 0:
+                save_state(epoch, k + cfg.batch_requests, order)
+        if not finished:
+            break
+        _save_adapter(model, out / f"epoch-{epoch + 1}", cfg)
+        save_state(epoch + 1, 0, None)  # the next epoch shuffles afresh (from the saved rng state)
     bar.close()
-    model.save_pretrained(str(out))
-    _store_half(out / "adapter_model.safetensors")
-    _name_base(out / "adapter_config.json", cfg.base)
     summary = {"config": asdict(cfg), "requests": len(encoded), "rows": sum(len(e.rows) for e in encoded),
-               "steps": len(log), "train_s": round(time.time() - t0, 1),
-               "first_loss": log[0]["loss"], "last_loss": float(np.mean([x["loss"] for x in log[-3:]])),
+               "steps": len(log), "finished": finished, "train_s": round(done_s + time.time() - t0, 1),
+               "first_loss": log[0]["loss"] if log else None,
+               "last_loss": float(np.mean([x["loss"] for x in log[-3:]])) if log else None,
                # Training requests whose tool the sidecar ranked first, as it went (per epoch).
                "function_ranked_first": [round(sum(x["ranked_top"] for x in log if x["epoch"] == e)
                                                / max(1, sum(x["ranked"] for x in log if x["epoch"] == e)), 3)
                                          for e in range(cfg.epochs)]}
+    if not finished:
+        return summary
+    _save_adapter(model, out, cfg)
     (out / "train_config.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "loss.json").write_text(json.dumps(log) + "\n")
-    (out / SIDECAR_SETTINGS).write_text(json.dumps(predictor_settings(cfg)) + "\n")
     plot_loss(log, out / "loss.png", title=f"LoRA r={cfg.r} on {cfg.base}: {len(encoded)} requests")
     return summary
 

@@ -1,0 +1,94 @@
+"""The sidecar's data: the pool of every tool family, the split of teacher traces by tool, resumable training."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+from oospec.training.pool import pool_sources, training_pool
+from oospec.training.split import PARTS, split_traces, teacher_calls
+
+
+def _trace(i: str, called: list[str], offered: list[str] | None = None) -> dict:
+    offered = offered if offered is not None else called + ["other_tool"]
+    calls = [{"name": n, "arguments": {}} for n in called]
+    return {"id": i, "dataset": "x", "messages": [], "tools": [{"type": "function", "function": {"name": n}}
+                                                                for n in offered],
+            "text": "", "call": calls[0] if calls else None, "calls": calls}
+
+
+def test_split_by_the_teachers_tools_keeps_validation_and_test_tools_out_of_training():
+    traces = [_trace(f"t{i}", [f"tool{i % 40}"]) for i in range(200)]
+    traces += [_trace("pair", ["tool1", "tool2"]), _trace("none", []),
+               _trace("stray", ["not_offered"], offered=["tool3"])]
+    split = split_traces(traces, seed=0, always_test_tools=["tool5"], always_train_tools=["tool6", "tool5x"])
+    assert split.dropped == {"stray": "the teacher called 'not_offered', which the request did not offer"}
+    parts = {p: set(split.tools[p]) for p in PARTS}
+    assert all(parts[a].isdisjoint(parts[b]) for a in PARTS for b in PARTS if a < b)
+    assert "tool5" in parts["test"] and "tool6" in parts["train"]
+    assert all(parts[p] for p in PARTS)  # 40 tools at 70/15/15: every part gets some
+    for part, traces_in in split.traces.items():
+        for t in traces_in:
+            names = {c["name"] for c in teacher_calls(t)}
+            if part == "train":  # a training trace calls training tools only
+                assert names <= parts["train"]
+            elif names:
+                assert names & parts[part]
+    assert sum(len(v) for v in split.traces.values()) == len(traces) - 1
+    assert split_traces(traces, seed=0).tools == split_traces(traces, seed=0).tools
+    assert split_traces(traces, seed=1).tools != split_traces(traces, seed=0).tools
+    manifest = split.manifest(teacher="t")
+    assert manifest["version"] == 2 and manifest["items"]["test"] and manifest["teacher"] == "t"
+    with pytest.raises(ValueError, match="sum to 1"):
+        split_traces(traces, fractions=(0.5, 0.1, 0.1))
+
+
+def test_the_pool_leaves_benchmark_items_out_and_covers_every_source():
+    sources = pool_sources(scale=0.1)
+    parts = training_pool(sources, seed=0, rounds=2)
+    ids = [s.id for part in parts for s in part]
+    assert len(ids) == len(set(ids)) == sum(s.drawn for s in sources)
+    assert "apibank-l1-0" not in ids and "simple_python_0" not in ids  # reserved benchmark items
+    assert {s.dataset for part in parts for s in part} == {"apibank", "toolalpaca", "bfcl"}
+    assert [s.id for p in training_pool(sources, seed=0, rounds=2) for s in p] == ids  # reproducible
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_model, smollm2_tokenizer):
+    return smollm2_model, smollm2_tokenizer
+
+
+def test_training_stopped_and_resumed_ends_where_an_uninterrupted_run_ends(smol, tmp_path):
+    from safetensors.torch import load_file
+
+    from oospec.datasets import load_dataset
+    from oospec.training.lora import TrainConfig, train
+    from oospec.training.traces import trace_record
+
+    model, tok = smol
+    sample = load_dataset("toolalpaca", limit=1)[0]
+    traces = []
+    for i, args in enumerate([{"q": "a"}, {"q": "bb"}, {"q": "ccc"}]):
+        text = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (sample.tools[0].name, json.dumps(args))
+        traces.append(dict(trace_record(sample, text), id=f"r{i}"))
+    cfg = TrainConfig(base="smollm2-135m", r=4, alpha=8, lr=1e-3, epochs=2, batch_requests=2, warmup_steps=1,
+                      checkpoint_every=1)
+    whole = train(traces, tmp_path / "whole", cfg, model=copy.deepcopy(model), tokenizer=tok, progress=False)
+    first = train(traces, tmp_path / "split", cfg, model=copy.deepcopy(model), tokenizer=tok, progress=False,
+                  max_steps=3)
+    assert first["finished"] is False and first["steps"] == 3
+    assert (tmp_path / "split" / "epoch-1").is_dir() and not (tmp_path / "split" / "epoch-2").exists()
+    rest = train(traces, tmp_path / "split", cfg, model=copy.deepcopy(model), tokenizer=tok, progress=False)
+    assert rest["finished"] and rest["steps"] == whole["steps"] == 4
+    a = load_file(str(tmp_path / "whole" / "adapter_model.safetensors"))
+    b = load_file(str(tmp_path / "split" / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    e1 = load_file(str(tmp_path / "whole" / "epoch-1" / "adapter_model.safetensors"))
+    assert any(not torch.equal(a[k], e1[k]) for k in a)  # epoch 2 went on training
+    # Another config is another run: it does not resume this one's state.
+    other = train(traces, tmp_path / "split", TrainConfig(**{**cfg.__dict__, "lr": 2e-3}), model=copy.deepcopy(model),
+                  tokenizer=tok, progress=False, max_steps=1)
+    assert other["steps"] == 1
