@@ -37,6 +37,7 @@ from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
 VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
+NEXT_CALL = '{"name": "'  # what opens every call object in the task format, after its opener
 
 
 class TaskFormat:
@@ -50,7 +51,7 @@ class TaskFormat:
                                                   add_generation_prompt=True, tokenize=False)
 
     def function_prefix(self, job: Job) -> str:
-        return job.opener + '{"name": "'
+        return job.opener + NEXT_CALL
 
     def function_row(self, job: Job, name: str) -> str:
         # Through the arguments key: every row ends the same natural way, so no name is penalised for an
@@ -60,6 +61,21 @@ class TaskFormat:
     def slot_prefix(self, job: Job, function: str, param: Param) -> str:
         return (self.function_prefix(job) + function + f'", "{job.args_key}": {{"{param.name}": '
                 + VALUE_OPENERS.get(param.type, ""))
+
+    def call_text(self, job: Job, function: str, arguments: dict) -> str:
+        """A whole call as the rows write it (compact JSON after the job's opener): the text a later call's
+        rows see before them."""
+        return self.function_row(job, function) + " " + json.dumps(arguments, ensure_ascii=False) + "}"
+
+    def after_calls(self, job: Job, calls_text: str) -> Job:
+        """The job for the next call of a turn: everything the assistant wrote before that call's object (the
+        opener, the earlier calls, what joins them) becomes its opener, so every row primer above applies."""
+        return replace(job, opener=calls_text)
+
+    @property
+    def end_of_turn(self) -> str:
+        """The text of the token that ends the assistant's turn ("" when the tokenizer has none)."""
+        return getattr(self.tokenizer, "eos_token", None) or ""
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
