@@ -175,3 +175,26 @@ def test_the_joint_this_target_wrote_is_used_for_its_next_calls():
     # Before it has written two calls, a target that opened its own way gets no joint guessed for it.
     _, texts = drafter_after("```json\n" + call(GOOD) + "\n```", [GOOD], following=[LYON])
     assert texts == []
+
+
+# -- agreement over a turn ---------------------------------------------------------------------------------
+
+
+def test_turn_agreement_is_order_insensitive_and_pairs_each_call_once():
+    from oospec.sidecar.agreement import compare_calls
+    from oospec.tools.dialects import ToolCall
+
+    paris, lyon = ToolCall(GOOD.function, GOOD.arguments), ToolCall(LYON.function, LYON.arguments)
+    a = compare_calls([LYON, GOOD], [paris, lyon])
+    assert a.full_match and a.function_match and (a.slots_matched, a.slots_total, a.calls_full) == (6, 6, 2)
+    # One call predicted twice is paired once: the second written call has no prediction left.
+    a = compare_calls([GOOD, GOOD], [paris, lyon])
+    assert a.function_match and not a.full_match and a.calls_full == 1 and a.slots_matched == 3
+    # Fewer calls predicted than written; a near miss pairs with the call it is nearest.
+    near = Guess("get_weather", {"city": "Lyon", "days": 3, "metric": True})
+    a = compare_calls([near], [paris, lyon])
+    assert (a.functions_matched, a.slots_matched, a.calls_full) == (1, 2, 0) and not a.function_match
+    # More calls predicted than written, and other functions: counted, never paired.
+    a = compare_calls([TIME, GOOD, LYON], [paris])
+    assert (a.functions_matched, a.calls_full, a.calls_predicted) == (1, 1, 3) and not a.full_match
+    assert compare_calls([], []).full_match and not compare_calls([], [paris]).function_match
