@@ -77,11 +77,13 @@ def make_broken(**kwargs):
 
 class InstantSidecar:
     """Answers at submit time with a fixed payload (or never, with payload=None); a job naming its function
-    (the follow-up once the target has chosen one) gets `slots[function]`, if given."""
+    (the follow-up once the target has chosen one) gets `slots[function]`, if given. `following`: the calls
+    the payload expects after the best guess (a turn of several calls)."""
 
-    def __init__(self, guesses, slots: dict | None = None):
+    def __init__(self, guesses, slots: dict | None = None, following=()):
         self.guesses = guesses
         self.slots = slots or {}
+        self.following = tuple(following)
         self.jobs = []
 
     def submit(self, job, tools):
@@ -96,4 +98,5 @@ class InstantSidecar:
             return None
         if not self.guesses:  # "no call expected"
             return Payload(ticket["id"], None, (), size_bytes=40, call_probability=0.1)
-        return Payload(ticket["id"], self.guesses[0], tuple(self.guesses[1:]), size_bytes=80)
+        return Payload(ticket["id"], self.guesses[0], tuple(self.guesses[1:]), size_bytes=80,
+                       following=self.following)

@@ -95,11 +95,11 @@ class CharTokenizer:
         return [chr(i) for i in ids]
 
 
-def drafter_after(text: str, guesses, dialect="hermes", slots=None):
+def drafter_after(text: str, guesses, dialect="hermes", slots=None, following=()):
     from oospec.engine.drafting import Request
 
     schema = SchemaDrafter()
-    drafter = SidecarDrafter(InstantSidecar(guesses, slots), schema=schema)
+    drafter = SidecarDrafter(InstantSidecar(guesses, slots, following), schema=schema)
     prompt = np.array([ord("x")], dtype=np.int64)
     req = Request(prompt_ids=prompt, eos_ids=frozenset({0}), tokenizer=CharTokenizer(),
                   messages=[{"role": "user", "content": "weather in Paris for 3 days"}], tools=TOOLS, dialect=dialect)

@@ -221,3 +221,53 @@ def test_agreement_counts_only_whole_calls_and_says_which_calls_were_predictable
     left_out = agreement(Fixed({"color": "albino"}), [trace], progress=False)
     assert left_out["slot_exact_match"] == 0.5 and left_out["full_call_agreement"] == 0.0
     assert "| 33.3% | 100.0% (1) |" in format_table({"fixed": right})
+
+
+def _parallel_trace():
+    """Two calls in one turn, as Qwen's hermes template writes them: separate blocks joined by a newline."""
+    sample = synthetic_requests([t for t in load_dataset("toolalpaca", limit=3)[0].tools][:2], per_tool=1, seed=3)[0]
+    name = "searchAxolotlImages"
+    assert name in [t.name for t in sample.tools]
+    args1, args2 = {"color": "wild", "size": "small", "page": 1}, {"color": "albino", "page": 12}
+    block = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>'
+    text = "\n".join(block % (name, json.dumps(a)) for a in (args1, args2))
+    return trace_record(sample, text), name, args1, args2
+
+
+def test_a_parallel_trace_gives_rows_for_every_call_and_the_end_of_the_turn(smol):
+    _, tok = smol
+    fmt = TaskFormat(tok)
+    trace, name, args1, args2 = _parallel_trace()
+    assert len(trace["calls"]) == 2 and trace["call"] == trace["calls"][0]
+    rows = rows_for(trace, fmt)
+    single = rows_for({**trace, "calls": trace["calls"][:1]}, fmt)
+    job = job_for(trace)
+    # The first call's rows are a single call's, unchanged; the later rows come before the ranking rows.
+    first = 2 + sum(1 for p in single.prefixes[2:] if p.startswith(fmt.function_prefix(job) + name))
+    assert rows.prefixes[:first] == single.prefixes[:first] and rows.completions[:first] == single.completions[:first]
+    assert rows.choices[rows.chosen] == 1 and all(rows.prefixes[i] == fmt.function_prefix(job) for i in rows.choices)
+    later = [(p, c) for p, c, sup in zip(rows.prefixes[first:], rows.completions[first:], rows.supervised[first:]) if sup]
+    call1 = fmt.call_text(job, name, args1)
+    call2_job = fmt.after_calls(job, call1 + "\n</tool_call>\n<tool_call>\n")
+    call2 = fmt.call_text(call2_job, name, args2)
+    # After call 1: another call opens, as the teacher joined them.
+    assert later[0] == (call1, '\n</tool_call>\n<tool_call>\n{"name": "')
+    # The second call's function and slots, primed with the first call.
+    assert later[1] == (call1 + '\n</tool_call>\n<tool_call>\n{"name": "', name + '", "arguments":')
+    slot_rows = later[2:-1]
+    assert slot_rows and all(p.startswith(call2_job.opener + '{"name": "' + name) for p, _ in slot_rows)
+    # As for a first call: a left-out string slot has no row (its primer's quote cannot be followed by null).
+    assert [c for _, c in slot_rows] == ['albino",', "12}"]
+    # After call 2: the turn ends (the end-of-turn token, as the predictor's decoding stops at it).
+    assert later[-1] == (call2, "\n</tool_call>" + tok.eos_token)
+    # Every row's prefix ends where the predictor primes it: the encoded rows are the predictor's queries.
+    from oospec.training.lora import encode_rows
+    assert encode_rows(rows, fmt, 4096) is not None
+
+
+def test_later_call_rows_need_the_calls_where_the_trace_lists_them(smol):
+    _, tok = smol
+    fmt = TaskFormat(tok)
+    trace, *_ = _parallel_trace()
+    reordered = {**trace, "calls": trace["calls"][::-1]}
+    assert len(rows_for(reordered, fmt).prefixes) == len(rows_for({**trace, "calls": trace["calls"][:1]}, fmt).prefixes)

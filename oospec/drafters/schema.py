@@ -71,6 +71,8 @@ class SchemaDrafter(Drafter):
         if scan.opener is not None:
             self.habits.remember(self.habits.openers, scan.opener)
         self.habits.remember(self.habits.closers, scan.outside)
+        if scan.joint is not None:
+            self.habits.remember(self.habits.joints, scan.joint)
         if scan.args_key:
             self.habits.args_key = scan.args_key
 

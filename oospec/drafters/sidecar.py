@@ -11,6 +11,13 @@ target has written:
   hint knows, its value and the remaining slots are proposed; once a value is finished, the remaining slots
   in the hint's order.
 Alternative functions in the payload become extra branches of the same token tree.
+
+A turn of several calls (the payload's `following`) is followed call by call: each call the target closes is
+matched to a predicted call (by function name, then by how many slots agree; a name no prediction has takes
+the next prediction in order), and the next call's drafts come from the first prediction not yet matched,
+the other unmatched ones as branches. A draft that reaches the end of a call runs on through the text that
+joins two calls (as this target wrote it before, or as its dialect writes it) into the next predicted call;
+after the last, through the closer to end of turn.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
+from oospec.sidecar.agreement import same_value
 from oospec.sidecar.protocol import Guess, Job, Payload
 from oospec.tools.callscan import CallScanner
+from oospec.tools.dialects import Dialect, ToolCall, extract_json_calls
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Tool, to_openai
 
@@ -64,6 +73,7 @@ class SidecarReport:
     no_call: bool | None = None
     call_probability: float | None = None
     alternatives: list[dict] | None = None  # [{"function", "arguments"}] of the other guesses
+    following: list[dict] | None = None  # [{"function", "arguments"}] of the calls expected after the best
     dropped: list[str] | None = None  # slots the payload check removed
     followup: FollowUpReport | None = None
 
@@ -99,6 +109,7 @@ class SidecarDrafter(Drafter):
         self.max_tokens = max_tokens
         self.confidence = confidence
         self.alternative_confidence = alternative_confidence
+        self.max_branches = 2  # for a later call: the unmatched predicted calls drafted beside the likeliest
         self.ticket = None
         self.payload: Payload | None = None
         self.report = SidecarReport()
@@ -112,9 +123,12 @@ class SidecarDrafter(Drafter):
         self.payload = None
         self.ticket = None
         self.followup = None  # the ticket asking for the slots of the function the target chose instead
-        self.guesses: list[Guess] = []
+        self.guesses: list[Guess] = []  # for the turn's first call: the best guess, alternatives, the follow-up's
+        self.turn: list[Guess] = []  # the predicted calls of the turn, in order
+        self.matched: list[bool] = []  # per predicted call: a call the target closed was matched to it
         self.report = SidecarReport()
         self.hinted: dict[str, Tool] = {}  # the guessed functions, each once
+        self._closed_seen = 0  # calls the target closed that were matched against the turn
         self.tool_names = frozenset(t.name for t in self.schema.tools) if self.schema.active else frozenset()
         if self.sidecar is None or not self.schema.active:
             return
@@ -163,6 +177,8 @@ class SidecarDrafter(Drafter):
         report.arguments = payload.best.arguments if payload.best else None
         report.no_call, report.call_probability = payload.best is None, payload.call_probability
         report.alternatives = [{"function": g.function, "arguments": g.arguments} for g in payload.alternatives]
+        if payload.following:
+            report.following = [{"function": g.function, "arguments": g.arguments} for g in payload.following]
         report.dropped = list(payload.dropped)
 
     def _poll(self, context: np.ndarray) -> Payload | None:
@@ -179,6 +195,7 @@ class SidecarDrafter(Drafter):
                 self.payload = payload
                 self._record_arrival(payload, int(context.size) - self.prompt_len)
                 self._add_guesses(payload.guesses)
+                self._add_turn(payload.calls)
         if self.payload is not None:
             self._follow_up(context)
         return self.payload
@@ -190,12 +207,54 @@ class SidecarDrafter(Drafter):
                 self.hinted[g.function] = tools[g.function]
                 self.guesses.append(g)
 
+    def _add_turn(self, calls) -> None:
+        tools = {t.name: t for t in self.schema.tools}
+        for g in calls:
+            self.hinted.setdefault(g.function, tools[g.function])
+        self.turn, self.matched = list(calls), [False] * len(calls)
+
+    def _match_finished(self) -> None:
+        """Match each call the target has closed since the last draft to a predicted call of the turn."""
+        scan = self.schema.scanner
+        while self._closed_seen < len(scan.finished):
+            found = extract_json_calls(scan.finished[self._closed_seen])
+            self._closed_seen += 1
+            open_ = [i for i, used in enumerate(self.matched) if not used]
+            if not open_:
+                continue
+            written = found[0] if found else ToolCall("", {})
+            same = [i for i in open_ if self.turn[i].function == written.name]
+            agree = lambda i: sum(same_value(v, written.arguments.get(k)) for k, v in self.turn[i].arguments.items())  # noqa: E731
+            self.matched[max(same, key=lambda i: (agree(i), -i)) if same else open_[0]] = True
+
+    def _pending(self) -> list[tuple[Guess, int]]:
+        """[(guess, its index in the turn)] for the call the target writes now or next, the likeliest first;
+        a first call's alternatives count as index 0 (they stand for the first predicted call)."""
+        self._match_finished()
+        open_ = [(self.turn[i], i) for i, used in enumerate(self.matched) if not used]
+        if self.schema.scanner.calls_done == 0:
+            firsts = [(g, 0) for g in self.guesses]
+            return firsts + [(g, i) for g, i in open_ if i > 0]
+        return open_[:1 + self.max_branches]
+
+    def _joint(self) -> str | None:
+        """What this target writes between two calls of a turn: as in this request, as it did before, or as
+        its dialect writes it when it opened the turn the dialect's way."""
+        scan, habits = self.schema.scanner, self.schema.habits
+        if scan.joint is not None:
+            return scan.joint
+        if habits.joints:
+            return habits.joints[0]
+        dialect = self.schema.dialect
+        opener = scan.opener if scan.opener is not None else self.job.opener  # before the target opens, the hint's
+        return dialect_joint(dialect) if opener == dialect.opener else None
+
     def _follow_up(self, context: np.ndarray) -> None:
         """Once the target has named a function none of the guesses has, ask the sidecar for that function's
         slots alone: they arrive while the target is still writing the arguments."""
         name = self.schema.scanner.name
         if self.followup is None:
-            if name is None or name in self.hinted or name not in self.tool_names:
+            if name is None or name in self.hinted or name not in self.tool_names or self.schema.scanner.calls_done:
                 return
             job = replace(self.job, request_id=f"{self.job.request_id}/{name}", function=name)
             self.followup = self.sidecar.submit(job, self.schema.tools)
@@ -223,13 +282,18 @@ class SidecarDrafter(Drafter):
         opener = schema.scanner.opener
         closers = habits.closers_after(opener if opener is not None else self.job.opener)
         closer = closers[0][0] if closers else None
+        pending = self._pending()
         out = []
-        for rank, guess in enumerate(self.guesses):
+        for rank, (guess, index) in enumerate(pending):
             text = self.rest_of_call(schema.scanner, guess)
             if not text:
                 continue
-            end_of_turn = closer is not None and schema.scanner.calls_done == 0
-            if end_of_turn:
+            after = next((g for g, i in pending if i > index), None)
+            joint = self._joint() if after is not None else None
+            end_of_turn = closer is not None and after is None
+            if joint is not None:
+                text += joint + self.render.call(after.function, after.arguments, self.hinted[after.function])
+            elif end_of_turn:
                 text += closer
             ids = schema.encoder.continue_after(context, text)[: self.max_tokens]
             if end_of_turn and eos is not None and ids.size < self.max_tokens:
@@ -244,13 +308,16 @@ class SidecarDrafter(Drafter):
         """The text from the current position to the end of the call if `guess` is right, or None where
         the hint cannot be aligned (another function, a value that already differs)."""
         tool = self.hinted.get(guess.function)
-        if tool is None or scan.calls_done > 0:
+        if tool is None:
             return None
         render, hint = self.render, guess.arguments
         full = render.call(guess.function, hint, tool)
         if not scan.stack:
             written = scan.outside
-            for opener in self.schema.habits.openers + list(self.schema.dialect.openers):
+            joint = self._joint() if scan.calls_done else None
+            openers = [joint] if joint is not None else [] if scan.calls_done else (
+                self.schema.habits.openers + list(self.schema.dialect.openers))
+            for opener in openers:
                 text = opener + full
                 if text.startswith(written) and len(text) > len(written):
                     return text[len(written):]
@@ -295,6 +362,14 @@ class SidecarDrafter(Drafter):
         if value.startswith(so_far) and len(value) > len(so_far):
             return value[len(so_far):] + render.slots(hint, tool, keys)
         return None
+
+
+def dialect_joint(dialect: Dialect) -> str | None:
+    """The text `dialect` writes between two calls of one turn (None: it does not write them apart)."""
+    call = ToolCall("f", {})
+    one, two = dialect.render_json(call), dialect.render([call, call])
+    start, end = two.find(one), two.rfind(one)
+    return two[start + len(one):end] if 0 <= start < end else None
 
 
 class OoOSpecDrafter(MergedDrafter):

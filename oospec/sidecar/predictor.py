@@ -7,7 +7,11 @@ Not a free-running generation of the call. The prompt is encoded once; then
 2. the slots: one row per argument of the chosen function(s), each primed with its own key
    (`{"name": "F", "arguments": {"key": `) and the value's opening by type, all decoded greedily as one
    batch, each row stopping when its JSON value is complete. Latency grows with the longest slot, not
-   with the number of slots.
+   with the number of slots;
+3. the calls after it (a turn of several calls): the call just guessed is written after the prompt as the
+   task format writes calls, and the sidecar decodes what follows, greedily: its end of turn ends the list,
+   the opening of another call (`NEXT_CALL`) asks 1 and 2 again for that call, primed with every call before
+   it. Sequential, as each call's rows depend on the calls guessed before it.
 
 The task format (how a request is rendered, what each row is primed with) is `TaskFormat`; training
 (`oospec sidecar train`) writes its rows through the same class, so the trained adapter sees exactly the
@@ -27,16 +31,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.cache_utils import Cache
 
 from oospec.engine.prefix_cache import common_prefix_length
-from oospec.engine.target import SlotLayer
-from oospec.sidecar.protocol import Guess, Job, encode_payload
+from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
+from oospec.sidecar.rowrunner import RowRunner
 from oospec.tools.jsonscan import value_end
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
 VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
+NEXT_CALL = '{"name": "'  # what opens every call object in the task format, after its opener
 
 
 class TaskFormat:
@@ -50,7 +54,7 @@ class TaskFormat:
                                                   add_generation_prompt=True, tokenize=False)
 
     def function_prefix(self, job: Job) -> str:
-        return job.opener + '{"name": "'
+        return job.opener + NEXT_CALL
 
     def function_row(self, job: Job, name: str) -> str:
         # Through the arguments key: every row ends the same natural way, so no name is penalised for an
@@ -61,115 +65,23 @@ class TaskFormat:
         return (self.function_prefix(job) + function + f'", "{job.args_key}": {{"{param.name}": '
                 + VALUE_OPENERS.get(param.type, ""))
 
+    def call_text(self, job: Job, function: str, arguments: dict) -> str:
+        """A whole call as the rows write it (compact JSON after the job's opener): the text a later call's
+        rows see before them."""
+        return self.function_row(job, function) + " " + json.dumps(arguments, ensure_ascii=False) + "}"
+
+    def after_calls(self, job: Job, calls_text: str) -> Job:
+        """The job for the next call of a turn: everything the assistant wrote before that call's object (the
+        opener, the earlier calls, what joins them) becomes its opener, so every row primer above applies."""
+        return replace(job, opener=calls_text)
+
+    @property
+    def end_of_turn(self) -> str:
+        """The text of the token that ends the assistant's turn ("" when the tokenizer has none)."""
+        return getattr(self.tokenizer, "eos_token", None) or ""
+
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
-
-
-class RowRunner:
-    """Batched forwards of a causal LM over rows that share one cached prefix.
-
-    Rows are right-aligned after the prefix (left padding); pads attend to the prefix only, so they stay
-    finite and are never attended to by real tokens."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.model = model
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        self.neg = torch.finfo(self.dtype).min
-        self.prefix_ids: list[int] = []
-        self._prefix_layers: list[SlotLayer] = []
-        self.prefix_logits: torch.Tensor | None = None
-
-    @torch.inference_mode()
-    def encode_prefix(self, ids: Sequence[int]) -> None:
-        """Run the shared prefix once (batch 1) and keep its keys and values. What it shares with the prefix
-        encoded last (the same prompt, then its call opening; the same request asked again for the function
-        the target chose) is reused."""
-        ids = list(ids)
-        if ids == self.prefix_ids:
-            return
-        n = len(ids)
-        reuse = min(common_prefix_length([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
-        layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
-        if reuse > 0:
-            for layer, old in zip(layers, self._prefix_layers):
-                layer.load(old.keys, old.values, reuse)
-        x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
-                         cache=Cache(layers=layers), logits_to_keep=1)
-        for layer in layers:
-            layer.keep(None, n - reuse)
-        self.prefix_ids, self._prefix_layers = ids, layers
-        self.prefix_logits = out.logits[0, -1].float()
-
-    def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
-        layers = [SlotLayer(capacity) for _ in self._prefix_layers]
-        for layer, src in zip(layers, self._prefix_layers):
-            layer.load(src.keys, src.values, len(self.prefix_ids), rows=rows)
-        return Cache(layers=layers), layers
-
-    @torch.inference_mode()
-    def run(self, suffixes: Sequence[Sequence[int]], steps: int = 0, keep_all_logits: bool = False,
-            stop=None):
-        """Feed each row its suffix after the prefix, then decode greedily up to `steps` tokens per row.
-
-        Returns (suffix log-probs: list of (len,) arrays of each suffix token's log-probability, generated
-        ids: (rows, <=steps) array). `stop(row, ids) -> bool` ends a row early (all rows ended: stop)."""
-        r = len(suffixes)
-        lens = np.array([len(s) for s in suffixes])
-        width = int(lens.max())
-        s = len(self.prefix_ids)
-        cache, layers = self._row_cache(r, s + width + steps)
-        ids = np.zeros((r, width), dtype=np.int64)
-        pos = np.zeros((r, width), dtype=np.int64)
-        real = np.zeros((r, width), dtype=bool)
-        for i, suf in enumerate(suffixes):
-            ids[i, width - len(suf):] = suf
-            pos[i, width - len(suf):] = s + np.arange(len(suf))
-            pos[i, : width - len(suf)] = s
-            real[i, width - len(suf):] = True
-        # (r, 1, width, s+width): the prefix for everyone; causal among a row's real tokens.
-        mask = torch.zeros((r, 1, width, s + width), dtype=self.dtype)
-        causal = np.tril(np.ones((width, width), dtype=bool))
-        allowed = causal[None] & real[:, None, :]
-        mask[:, 0, :, s:] = torch.where(torch.from_numpy(allowed), 0.0, self.neg).to(self.dtype)
-        out = self.model(input_ids=torch.from_numpy(ids).to(self.device),
-                         position_ids=torch.from_numpy(pos).to(self.device), attention_mask=mask.to(self.device),
-                         use_cache=True, cache=cache, logits_to_keep=0 if keep_all_logits else 1)
-        for layer in layers:
-            layer.keep(None, width)
-        logits = out.logits.float()
-        logprobs = []
-        if keep_all_logits:
-            lsm = torch.log_softmax(logits, -1)
-            first = torch.log_softmax(self.prefix_logits, -1)
-            for i, suf in enumerate(suffixes):
-                off = width - len(suf)
-                lp = [float(first[suf[0]])] + [float(lsm[i, off + j - 1, suf[j]]) for j in range(1, len(suf))]
-                logprobs.append(np.array(lp))
-        generated = np.zeros((r, steps), dtype=np.int64)
-        if steps == 0:
-            return logprobs, generated
-        done = np.zeros(r, dtype=bool)
-        kv_real = np.concatenate([np.ones((r, s), dtype=bool), real], axis=1)
-        next_ids = logits[:, -1].argmax(-1).cpu().numpy()
-        next_pos = s + lens
-        for t in range(steps):
-            generated[:, t] = next_ids
-            for i in np.flatnonzero(~done):
-                if stop is not None and stop(i, generated[i, : t + 1]):
-                    done[i] = True
-            if done.all() or t == steps - 1:
-                return logprobs, generated[:, : t + 1]
-            kv_real = np.concatenate([kv_real, np.ones((r, 1), dtype=bool)], axis=1)
-            step_mask = torch.where(torch.from_numpy(kv_real), 0.0, self.neg).to(self.dtype).view(r, 1, 1, -1)
-            out = self.model(input_ids=torch.from_numpy(next_ids).view(r, 1).to(self.device),
-                             position_ids=torch.from_numpy(next_pos + t).view(r, 1).to(self.device),
-                             attention_mask=step_mask.to(self.device), use_cache=True, cache=cache)
-            for layer in layers:
-                layer.keep(None, 1)
-            next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()
-        return logprobs, generated
 
 
 # Predictor settings an adapter was trained for, saved beside it by `oospec sidecar train`.
@@ -181,7 +93,8 @@ class SidecarPredictor:
 
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 64,
                  alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
-                 min_call_probability: float = 0.0, rank_by: str = "greedy", prior_weight: float = 0.0):
+                 min_call_probability: float = 0.0, rank_by: str = "greedy", prior_weight: float = 0.0,
+                 max_calls: int = 4, max_joint_tokens: int = 24):
         if rank_by not in ("greedy", "total"):
             raise ValueError(f"rank_by must be 'greedy' or 'total', got {rank_by!r}")
         self.model = model.eval()
@@ -193,6 +106,8 @@ class SidecarPredictor:
         self.alternative_margin = alternative_margin  # keep the runner-up within this many nats of the best
         self.max_slot_rows = max_slot_rows
         self.max_alternatives = max_alternatives
+        self.max_calls = min(max_calls, MAX_CALLS)  # calls of one turn predicted (1: the first only)
+        self.max_joint_tokens = max_joint_tokens  # decoded after a call before "another call" or "turn ends"
         # Below this belief that the target writes a call at all, the payload says "no call" and no slot is
         # decoded. 0 for a base model, whose belief in one exact opener is not calibrated; trained adapters
         # carry their own (SIDECAR_SETTINGS).
@@ -242,18 +157,68 @@ class SidecarPredictor:
         if not tools:
             raise ValueError("the request offers no tools to predict")
         guesses = self.guess(job, tools)
-        return encode_payload(job.request_id, guesses, time.perf_counter() - t0, time.time(), self.call_probability)
+        following = self.following_calls(job, tools, guesses[0]) if guesses and job.function is None else []
+        return encode_payload(job.request_id, guesses, time.perf_counter() - t0, time.time(),
+                              self.call_probability, following)
 
-    def guess(self, job: Job, tools: Sequence[Tool]) -> list[Guess]:
+    def following_calls(self, job: Job, tools: Sequence[Tool], first: Guess) -> list[Guess]:
+        """The calls the sidecar expects after `first` in the same turn, each guessed with the calls before it
+        written out; the list ends where the sidecar ends the turn, writes anything but another call, or
+        repeats a call (a loop, not a turn)."""
+        prompt = self.format.prompt(job)
+        out: list[Guess] = []
+        current, call = job, first
+        while len(out) + 1 < self.max_calls:
+            written = self.format.call_text(current, call.function, call.arguments)
+            joint = self.next_call_opening(prompt + written)
+            if joint is None:
+                break
+            current = self.format.after_calls(job, written + joint)
+            call = self.guess(current, tools, later=True)[0]
+            if any(c.function == call.function and c.arguments == call.arguments for c in (first, *out)):
+                break
+            out.append(call)
+        return out
+
+    def next_call_opening(self, text: str) -> str | None:
+        """What the sidecar writes after `text` (a call) before another call's `NEXT_CALL`; None where it ends
+        the turn instead (or writes `max_joint_tokens` tokens of anything else). The last token of `text` is
+        decoded again, as training encodes the row: a call's closing brace often merges with what follows."""
+        ids = self.format.encode(text)
+        if len(ids) < 3:
+            return None
+        last = self.token_bytes.join(ids[-1:]).decode("utf-8", errors="ignore")
+        self.runner.encode_prefix(ids[:-2])
+        found: list[str | None] = [None]
+
+        def stop(_: int, gen: np.ndarray) -> bool:
+            if int(gen[-1]) in self.stop_ids:
+                return True
+            written = self.token_bytes.join(gen).decode("utf-8", errors="ignore")
+            if not written.startswith(last[: len(written)]):
+                return True  # it would not write the call as guessed: nothing after it is ours to read
+            at = written.find(NEXT_CALL, len(last))
+            if at >= 0:
+                found[0] = written[len(last):at]
+            return at >= 0
+
+        self.runner.run([ids[-2:-1]], steps=self.max_joint_tokens, stop=stop)
+        return found[0]
+
+    def guess(self, job: Job, tools: Sequence[Tool], later: bool = False) -> list[Guess]:
+        """The guesses for one call, best first. `later`: a call after the turn's first (its job's opener holds
+        the calls before it): the call is known to come and only the best guess is kept."""
         if job.function is not None:
             tools = [t for t in tools if t.name == job.function]
             if not tools:
                 raise ValueError(f"the job names function {job.function!r}, which the request does not offer")
         prompt = self.format.prompt(job)
-        self.call_probability = None
+        if not later:
+            self.call_probability = None
         # First, while the runner's cache holds no conversation: the prior shares the system turn with the prompt.
-        prior = self.name_prior(job, tools) if self.prior_weight and job.function is None and len(tools) > 1 else None
-        if job.function is None:
+        first = job.function is None and not later
+        prior = self.name_prior(job, tools) if self.prior_weight and first and len(tools) > 1 else None
+        if first:
             self.call_probability = self.call_likelihood(job, prompt)
             if self.call_probability < self.min_call_probability:
                 return []
@@ -265,7 +230,7 @@ class SidecarPredictor:
             chosen = [(0, 0.0)]
         else:
             shared, logprobs = self.score_rows(rows, share_with=probe)
-            chosen = self.rank_functions(rows, shared, logprobs, prior)
+            chosen = self.rank_functions(rows, shared, logprobs, prior)[: 1 if later else None]
         return self.fill_slots(job, prompt, [(tools[i], score) for i, score in chosen])
 
     def score_rows(self, rows: list[list[int]], share_with: Sequence[Sequence[int]] = ()) -> tuple[int, list[np.ndarray]]:

@@ -3,7 +3,8 @@
 Plain data only (no torch, no transformers): the client in the engine's process imports this module alone.
 
 The payload is the sidecar's whole answer: the function it expects and a value for every argument slot, with
-optional alternative functions. It is small (tens of bytes to a few hundred) and it is *untrusted*: the
+optional alternative functions, and, for a turn of several calls (BFCL parallel), the calls it expects after
+that one, in order (`"next"`; absent for one call, so a one-call payload reads as it always did). It is small (tens of bytes to a few hundred) and it is *untrusted*: the
 sidecar may crash, lie or answer for another request, so `parse_payload` checks everything against the
 request's tools before a hint is built from it. A payload that fails is dropped (or trimmed to its valid
 slots); the engine then drafts as `toolspec` would.
@@ -22,6 +23,7 @@ from oospec.tools.schema import Tool
 MAX_PAYLOAD_BYTES = 64 * 1024  # a real payload is ~100 bytes; anything this large is a fault
 MAX_VALUE_CHARS = 1024  # a rendered slot value longer than this is not a useful hint
 MAX_ALTERNATIVES = 3
+MAX_CALLS = 8  # calls of one turn a payload may carry; beyond, the list is cut
 # Sent to the worker instead of a job: the predictor drops its caches before the next job (never superseded).
 CLEAR_CACHE = "clear-cache"
 
@@ -74,23 +76,35 @@ class Payload:
     size_bytes: int = 0
     dropped: tuple[str, ...] = field(default=())  # problems found and removed while parsing
     call_probability: float | None = None  # the sidecar's belief that the target calls a tool at all
+    following: tuple[Guess, ...] = ()  # the calls expected after `best` in the same turn, in order
 
     @property
     def guesses(self) -> tuple[Guess, ...]:
+        """The guesses for the turn's first call, best first."""
         return () if self.best is None else (self.best, *self.alternatives)
+
+    @property
+    def calls(self) -> tuple[Guess, ...]:
+        """The whole turn as predicted: the best first call, then the calls expected after it."""
+        return () if self.best is None else (self.best, *self.following)
+
+
+def _guess_doc(g: Guess) -> dict:
+    return {"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
 
 
 def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, finished_at: float,
-                   call_probability: float | None = None) -> bytes:
-    """No guesses: the sidecar expects no call (`"function": null`)."""
+                   call_probability: float | None = None, following: Sequence[Guess] = ()) -> bytes:
+    """No guesses: the sidecar expects no call (`"function": null`). `following`: the calls expected after
+    the best guess in the same turn."""
     best, *alts = guesses if guesses else (None,)
     doc = {"id": request_id, "function": best and best.function, "arguments": best and best.arguments,
            "score": best and round(best.score, 4),
-           "alternatives": [{"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
-                            for g in alts],
+           "alternatives": [_guess_doc(g) for g in alts],
+           "next": [_guess_doc(g) for g in following] if best is not None else [],
            "call_p": None if call_probability is None else float(f"{call_probability:.4g}"),
            "compute_s": round(compute_s, 4), "t": finished_at}
-    for key in ("alternatives", "call_p", "arguments", "score"):
+    for key in ("alternatives", "next", "call_p", "arguments", "score"):
         if doc[key] in (None, []):
             del doc[key]
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
@@ -153,10 +167,33 @@ def parse_payload(raw: bytes, request_id: str, tools: Sequence[Tool]) -> Payload
             alternatives.append(_guess(alt, by_name, dropped))
         except PayloadError as exc:
             dropped.append(f"alternative: {exc}")
+    following = [] if no_call else _following(doc.get("next"), by_name, dropped)
     num = lambda k: float(doc[k]) if isinstance(doc.get(k), int | float) else 0.0  # noqa: E731
     call_p = num("call_p") if "call_p" in doc else None
     if call_p is not None and not 0.0 <= call_p <= 1.0:
         dropped.append(f"call_p {call_p} is not a probability")
         call_p = None
     return Payload(request_id, best, tuple(alternatives), compute_s=num("compute_s"), finished_at=num("t"),
-                   size_bytes=len(raw), dropped=tuple(dropped), call_probability=call_p)
+                   size_bytes=len(raw), dropped=tuple(dropped), call_probability=call_p,
+                   following=tuple(following))
+
+
+def _following(docs: Any, tools: Mapping[str, Tool], dropped: list[str]) -> list[Guess]:
+    """The calls after the first, cut at the first unusable one: past it, the list's order no longer says
+    which call the target writes when."""
+    if docs is None:
+        return []
+    if not isinstance(docs, list):
+        dropped.append("next: not a list of calls")
+        return []
+    out: list[Guess] = []
+    for i, doc in enumerate(docs):
+        if len(out) + 1 >= MAX_CALLS:
+            dropped.append(f"next: more than {MAX_CALLS} calls in one turn, the rest cut")
+            break
+        try:
+            out.append(_guess(doc, tools, dropped))
+        except PayloadError as exc:
+            dropped.append(f"call {i + 2}: {exc}; the calls from it on cut")
+            break
+    return out

@@ -31,6 +31,7 @@ class Habits:
     style: Style = field(default_factory=Style)
     openers: list[str] = field(default_factory=list)  # text before the first call, most recent first
     closers: list[str] = field(default_factory=list)  # text after the last call, before end-of-turn
+    joints: list[str] = field(default_factory=list)  # text between two calls of one turn, most recent first
     args_key: str | None = None
     eos_id: int | None = None
 
@@ -64,6 +65,8 @@ class CallScanner:
         self.calls_done = 0
         self.outside = ""  # text since the last call ended (or since the output began)
         self.opener: str | None = None  # text before the first call
+        self.joint: str | None = None  # text between the last two calls (None: fewer than two so far)
+        self.finished: list[str] = []  # each closed call object's text, in order
         self.name: str | None = None  # function name of the call being written
         self.args_key: str | None = None
         self.json = JsonScanner()  # strings and brackets of the call being written
@@ -92,7 +95,10 @@ class CallScanner:
             if ch == "{":
                 if self.calls_done == 0:
                     self.opener = self.outside
+                else:
+                    self.joint = self.outside
                 self.outside = ""
+                self.name = None
                 self.call_chars = ["{"]
                 self.arg_value_start = None
                 self.json = JsonScanner()
@@ -155,6 +161,7 @@ class CallScanner:
                 self.stack[-1].expect = "comma"
             else:
                 self.calls_done += 1
+                self.finished.append("".join(self.call_chars))
                 self.outside = ""
         else:
             self.scalar += ch

@@ -1,0 +1,119 @@
+"""Batched forwards of the sidecar model over rows that share one cached prefix (the predictor's engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from transformers.cache_utils import Cache
+
+from oospec.engine.prefix_cache import common_prefix_length
+from oospec.engine.target import SlotLayer
+
+
+class RowRunner:
+    """Batched forwards of a causal LM over rows that share one cached prefix.
+
+    Rows are right-aligned after the prefix (left padding); pads attend to the prefix only, so they stay
+    finite and are never attended to by real tokens."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.neg = torch.finfo(self.dtype).min
+        self.prefix_ids: list[int] = []
+        self._prefix_layers: list[SlotLayer] = []
+        self.prefix_logits: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def encode_prefix(self, ids: Sequence[int]) -> None:
+        """Run the shared prefix once (batch 1) and keep its keys and values. What it shares with the prefix
+        encoded last (the same prompt, then its call opening; the same request asked again for the function
+        the target chose) is reused."""
+        ids = list(ids)
+        if ids == self.prefix_ids:
+            return
+        n = len(ids)
+        reuse = min(common_prefix_length([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
+        layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
+        if reuse > 0:
+            for layer, old in zip(layers, self._prefix_layers):
+                layer.load(old.keys, old.values, reuse)
+        x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
+                         cache=Cache(layers=layers), logits_to_keep=1)
+        for layer in layers:
+            layer.keep(None, n - reuse)
+        self.prefix_ids, self._prefix_layers = ids, layers
+        self.prefix_logits = out.logits[0, -1].float()
+
+    def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
+        layers = [SlotLayer(capacity) for _ in self._prefix_layers]
+        for layer, src in zip(layers, self._prefix_layers):
+            layer.load(src.keys, src.values, len(self.prefix_ids), rows=rows)
+        return Cache(layers=layers), layers
+
+    @torch.inference_mode()
+    def run(self, suffixes: Sequence[Sequence[int]], steps: int = 0, keep_all_logits: bool = False,
+            stop=None):
+        """Feed each row its suffix after the prefix, then decode greedily up to `steps` tokens per row.
+
+        Returns (suffix log-probs: list of (len,) arrays of each suffix token's log-probability, generated
+        ids: (rows, <=steps) array). `stop(row, ids) -> bool` ends a row early (all rows ended: stop)."""
+        r = len(suffixes)
+        lens = np.array([len(s) for s in suffixes])
+        width = int(lens.max())
+        s = len(self.prefix_ids)
+        cache, layers = self._row_cache(r, s + width + steps)
+        ids = np.zeros((r, width), dtype=np.int64)
+        pos = np.zeros((r, width), dtype=np.int64)
+        real = np.zeros((r, width), dtype=bool)
+        for i, suf in enumerate(suffixes):
+            ids[i, width - len(suf):] = suf
+            pos[i, width - len(suf):] = s + np.arange(len(suf))
+            pos[i, : width - len(suf)] = s
+            real[i, width - len(suf):] = True
+        # (r, 1, width, s+width): the prefix for everyone; causal among a row's real tokens.
+        mask = torch.zeros((r, 1, width, s + width), dtype=self.dtype)
+        causal = np.tril(np.ones((width, width), dtype=bool))
+        allowed = causal[None] & real[:, None, :]
+        mask[:, 0, :, s:] = torch.where(torch.from_numpy(allowed), 0.0, self.neg).to(self.dtype)
+        out = self.model(input_ids=torch.from_numpy(ids).to(self.device),
+                         position_ids=torch.from_numpy(pos).to(self.device), attention_mask=mask.to(self.device),
+                         use_cache=True, cache=cache, logits_to_keep=0 if keep_all_logits else 1)
+        for layer in layers:
+            layer.keep(None, width)
+        logits = out.logits.float()
+        logprobs = []
+        if keep_all_logits:
+            lsm = torch.log_softmax(logits, -1)
+            first = torch.log_softmax(self.prefix_logits, -1)
+            for i, suf in enumerate(suffixes):
+                off = width - len(suf)
+                lp = [float(first[suf[0]])] + [float(lsm[i, off + j - 1, suf[j]]) for j in range(1, len(suf))]
+                logprobs.append(np.array(lp))
+        generated = np.zeros((r, steps), dtype=np.int64)
+        if steps == 0:
+            return logprobs, generated
+        done = np.zeros(r, dtype=bool)
+        kv_real = np.concatenate([np.ones((r, s), dtype=bool), real], axis=1)
+        next_ids = logits[:, -1].argmax(-1).cpu().numpy()
+        next_pos = s + lens
+        for t in range(steps):
+            generated[:, t] = next_ids
+            for i in np.flatnonzero(~done):
+                if stop is not None and stop(i, generated[i, : t + 1]):
+                    done[i] = True
+            if done.all() or t == steps - 1:
+                return logprobs, generated[:, : t + 1]
+            kv_real = np.concatenate([kv_real, np.ones((r, 1), dtype=bool)], axis=1)
+            step_mask = torch.where(torch.from_numpy(kv_real), 0.0, self.neg).to(self.dtype).view(r, 1, 1, -1)
+            out = self.model(input_ids=torch.from_numpy(next_ids).view(r, 1).to(self.device),
+                             position_ids=torch.from_numpy(next_pos + t).view(r, 1).to(self.device),
+                             attention_mask=step_mask.to(self.device), use_cache=True, cache=cache)
+            for layer in layers:
+                layer.keep(None, 1)
+            next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()
+        return logprobs, generated
