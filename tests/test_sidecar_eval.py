@@ -72,3 +72,77 @@ def test_held_out_only_keeps_test_items_and_fresh_items_and_refuses_the_rest(tmp
     with pytest.raises(bench_run.BenchError, match="3 benchmark item.*not held out.*calls training tool "
                                                     "CancelRegistration"):
         bench_run.check_trained_items([("apibank", items)], str(folder), allow=False)
+
+
+# -- calibration of call or none ------------------------------------------------------------------------------
+def _tool(name, *params):
+    return {"type": "function", "function": {"name": name, "description": name, "parameters": {
+        "type": "object", "properties": {p: {"type": "string"} for p in params}, "required": list(params)}}}
+
+
+def _trace(tid, dataset, call, tools=None):
+    tools = tools or [_tool("get_weather", "city"), _tool("get_time", "zone")]
+    text = "" if call is None else '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (
+        call["name"], json.dumps(call["arguments"]))
+    return {"id": tid, "dataset": dataset, "messages": [{"role": "user", "content": f"request {tid}"}],
+            "tools": tools, "chat_tools": tools, "dialect": "hermes", "text": text or "Hello there.",
+            "call": call, "calls": [call] if call else []}
+
+
+class Scripted:
+    """A predictor that answers each request id as told: (call probability, guess or None for "no call")."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def predict(self, job):
+        from oospec.sidecar.protocol import encode_payload
+
+        p, guess = self.answers[job.request_id]
+        return encode_payload(job.request_id, [guess] if guess else [], 0.01, 0.0, p)
+
+
+WEATHER = {"name": "get_weather", "arguments": {"city": "Paris"}}
+
+
+def _scripted_set():
+    from oospec.sidecar.protocol import Guess
+
+    traces = [_trace("apibank-l1-1", "apibank", WEATHER), _trace("simple_python_3", "bfcl", WEATHER),
+              _trace("simple_python_4", "bfcl", WEATHER), _trace("irrelevance_7", "bfcl", None),
+              _trace("irrelevance_8", "bfcl", None)]
+    right, wrong_slot = Guess("get_weather", {"city": "Paris"}), Guess("get_weather", {"city": "Rome"})
+    answers = {"apibank-l1-1": (0.95, right), "simple_python_3": (0.05, None), "simple_python_4": (0.85, wrong_slot),
+               "irrelevance_7": (0.15, None), "irrelevance_8": (0.9, right)}
+    return traces, answers
+
+
+def test_calibration_reliability_table_and_lowest_probability_where_the_teacher_called():
+    from oospec.training.evaluate import agreement
+
+    traces, answers = _scripted_set()
+    r = agreement(Scripted(answers), traces, progress=False)
+    assert (r["requests"], r["n"], r["no_call_requests"], r["missed_calls"]) == (5, 3, 2, 1)
+    assert r["call_decision_accuracy"] == pytest.approx(3 / 5)  # two calls hinted, one plain answer said none
+    assert r["full_call_agreement"] == pytest.approx(1 / 3) and r["answer_agreement"] == pytest.approx(2 / 5)
+    c = r["calibration"]
+    assert c["lowest_probability_where_called"] == pytest.approx(0.05) and c["called_below_0.2"] == 1
+    assert [(b["from"], b["count"], b["observed_call_rate"]) for b in c["bins"]] == [
+        (0.0, 1, 1.0), (0.1, 1, 0.0), (0.8, 1, 1.0), (0.9, 2, 0.5)]
+    assert c["bins"][-1]["mean_predicted"] == pytest.approx(0.925)
+    assert c["expected_calibration_error"] == pytest.approx((0.95 + 0.15 + 0.15 + 2 * 0.425) / 5)
+    assert sorted(r["by_source"]) == ["apibank", "bfcl:irrelevance", "bfcl:simple_python"]
+    simple = r["by_source"]["bfcl:simple_python"]
+    assert simple["n"] == 2 and simple["function_accuracy"] == 0.5 and simple["missed_calls"] == 1
+    assert r["by_source"]["bfcl:irrelevance"]["call_decision_accuracy"] == 0.5
+
+
+def test_markdown_report_has_agreement_calibration_and_per_source_tables():
+    from oospec.training.evaluate import agreement, format_report
+
+    traces, answers = _scripted_set()
+    md = format_report({"A": agreement(Scripted(answers), traces, progress=False)})
+    assert "| A | 5 (2) | 60.0% | 1 | 66.7% | 33.3% | 33.3% | 33.3% (3) | 0.00 s |" in md
+    assert "| A | 0.0–0.1 | 1 | 0.05 | 100.0% |" in md
+    assert "| A | 0.05 | 1 of 3 | 0.42 |" in md
+    assert "| A | bfcl:simple_python | 2 (0) | 50.0% | 50.0% | 0.0% | 0.05 |" in md
