@@ -4,6 +4,7 @@ calibration of "call or none", and settings chosen on validation traces (`oospec
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -146,3 +147,89 @@ def test_markdown_report_has_agreement_calibration_and_per_source_tables():
     assert "| A | 0.0–0.1 | 1 | 0.05 | 100.0% |" in md
     assert "| A | 0.05 | 1 of 3 | 0.42 |" in md
     assert "| A | bfcl:simple_python | 2 (0) | 50.0% | 50.0% | 0.0% | 0.05 |" in md
+
+
+# -- settings chosen on validation traces ---------------------------------------------------------------------
+def _toolalpaca_traces():
+    """Requests offering several real tools (ToolAlpaca's), one answered with a call and one plain."""
+    from oospec.datasets import load_dataset
+    from oospec.training.traces import trace_record
+
+    samples = load_dataset("toolalpaca", limit=1)
+    traces = []
+    for s in samples:
+        call = s.gold[0]
+        text = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (call.name, json.dumps(call.arguments))
+        traces.append(trace_record(s, text))
+    plain = trace_record(samples[0], "You're welcome!")
+    plain["messages"] = [*plain["messages"][:-1], {"role": "user", "content": "Thanks, that is all I needed."}]
+    traces.append({**plain, "id": "plain-1"})
+    return traces
+
+
+def test_tune_scores_every_setting_as_predict_would(smollm2_model, smollm2_tokenizer, one_thread):
+    """The grid re-scored from one pass per request equals running `predict` with each setting."""
+    from oospec.sidecar.predictor import SidecarPredictor
+    from oospec.training.evaluate import agreement
+    from oospec.training.tune import Setting, answers_for, score_setting
+
+    traces = _toolalpaca_traces()
+    assert all(len(t["tools"]) > 1 for t in traces)
+    rankings = (("total", 1.0), ("total", 0.0), ("greedy", 0.0))
+    cached = SidecarPredictor(smollm2_model, smollm2_tokenizer, max_value_tokens=12)
+    answers = [answers_for(cached, t, rankings) for t in traces]
+    ps = sorted(a.call_probability for a in answers)
+    assert ps[1] > 1.1 * ps[0]  # apart: the threshold between them is far beyond rounding of either
+    middle = (ps[0] * ps[1]) ** 0.5
+    for s in [Setting(0.0, r, w) for r, w in rankings] + [Setting(middle, "total", 1.0)]:
+        fresh = SidecarPredictor(smollm2_model, smollm2_tokenizer, max_value_tokens=12, **asdict(s))
+        expected = agreement(fresh, traces, progress=False)["items"]
+        for e, g in zip(expected, score_setting(answers, s)):
+            assert g["call_probability"] == pytest.approx(e["call_probability"], rel=1e-3)
+            assert (g["said_no_call"], g.get("predicted")) == (e["said_no_call"], e.get("predicted")), s
+    assert sum(a.call_probability < middle for a in answers) == 1  # the threshold did bite
+
+
+def _figures(full, decision, missed, n=50):
+    return {"full_call_agreement": full, "call_decision_accuracy": decision, "missed_calls": missed, "n": n}
+
+
+def test_choose_takes_the_best_full_call_agreement_within_the_missed_call_limit():
+    from oospec.training.tune import Setting, choose
+
+    a, b, c = Setting(0.5, "total", 1.0), Setting(0.2, "total", 1.0), Setting(0.0, "total", 1.0)
+    results = [(a, _figures(0.80, 0.9, 5)), (b, _figures(0.78, 0.88, 1)), (c, _figures(0.78, 0.70, 0))]
+    assert choose(results, 0.02)[:1] == (b,) and choose(results, 0.02)[2]  # a misses too many; b ties c, sorts better
+    assert choose(results, 0.2)[0] == a
+    setting, _, met = choose([(a, _figures(0.8, 0.9, 5)), (b, _figures(0.7, 0.9, 3))], 0.0)
+    assert setting == b and not met  # none meets the limit: the fewest missed calls, and it says so
+
+
+def test_tune_writes_settings_the_predictor_reads_and_the_record_of_the_choice(tmp_path, monkeypatch):
+    import oospec.training.tune as tune_module
+    from oospec.sidecar.predictor import SidecarPredictor
+
+    traces, answers = _scripted_set()
+
+    def scripted_answers(_predictor, trace, rankings):  # the grid scored from scripted answers, not a model
+        p, guess = answers[trace["id"]]
+        return tune_module.Answers(trace, [], p, {r: guess for r in rankings}, 0.0)
+
+    monkeypatch.setattr(tune_module, "answers_for", scripted_answers)
+    result = tune_module.tune(None, traces, progress=False)
+    # Calls at p 0.95 (right), 0.05 and 0.85; plain answers at 0.15 and 0.9. Any threshold above 0.05 says
+    # "no call" to a call (1 of 3: over the limit); 0.05 and 0.0 tie, and the higher comes first.
+    assert result["chosen"] == {"min_call_probability": 0.05, "rank_by": "total", "prior_weight": 1.0}
+    assert result["constraint_met"] and result["figures"]["missed_calls"] == 0
+    assert len(result["grid"]) == len(tune_module.grid())
+    (tmp_path / "sidecar.json").write_text(json.dumps({"min_call_probability": 0.5, "max_value_tokens": 48}))
+    traces_file = tmp_path / "validation.jsonl"
+    traces_file.write_text("".join(json.dumps(t) + "\n" for t in traces))
+    settings = tune_module.write_tuning(tmp_path, result, traces_file)
+    assert settings == {**result["chosen"], "max_value_tokens": 48}
+    assert json.loads((tmp_path / "sidecar.json").read_text()) == settings
+    record = json.loads((tmp_path / tune_module.TUNING_FILE).read_text())
+    assert record["chosen"] == result["chosen"] and len(record["traces_sha256"]) == 64
+    # from_pretrained passes every key of sidecar.json to the constructor.
+    assert set(settings) <= set(SidecarPredictor.__init__.__code__.co_varnames)
+    assert "| 0.05 | total | 1.0 | 33.3% | 66.7% | 60.0% | 0 of 3 | chosen |" in tune_module.format_grid(result)
