@@ -233,3 +233,58 @@ def test_tune_writes_settings_the_predictor_reads_and_the_record_of_the_choice(t
     # from_pretrained passes every key of sidecar.json to the constructor.
     assert set(settings) <= set(SidecarPredictor.__init__.__code__.co_varnames)
     assert "| 0.05 | total | 1.0 | 33.3% | 66.7% | 60.0% | 0 of 3 | chosen |" in tune_module.format_grid(result)
+
+
+# -- the commands ----------------------------------------------------------------------------------------------
+def _untrained_adapter(model, folder, tools_used, items):
+    """A LoRA adapter that changes nothing yet (its B matrices start at zero), with a version-2 manifest."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    get_peft_model(copy.deepcopy(model), LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj"])).save_pretrained(
+        str(folder))
+    (folder / "sidecar.json").write_text(json.dumps({"min_call_probability": 0.5, "rank_by": "total",
+                                                     "prior_weight": 1.0}))
+    (folder / "data_manifest.json").write_text(json.dumps({
+        "version": 2, "tools": {"train": tools_used, "validation": [], "test": []}, "items": items, "dropped": {}}))
+    return folder
+
+
+def _write(path, traces):
+    path.write_text("".join(json.dumps(t) + "\n" for t in traces))
+    return str(path)
+
+
+def test_tune_and_eval_commands(smollm2_model, tmp_path, capsys, one_thread):
+    from oospec.cli import main
+    from oospec.training.tune import TUNING_FILE
+
+    traces, _ = _scripted_set()
+    validation, test = [traces[i] for i in (0, 1, 3)], [traces[i] for i in (2, 4)]
+    items = {"train": [], "validation": [t["id"] for t in validation], "test": [t["id"] for t in test]}
+    adapter = _untrained_adapter(smollm2_model, tmp_path / "adapter", ["get_time"], items)
+    val_file, test_file = _write(tmp_path / "validation.jsonl", validation), _write(tmp_path / "test.jsonl", test)
+    # Settings are chosen on validation only: test traces are refused before any model loads.
+    assert main(["sidecar", "tune", "--traces", test_file, "--adapter", str(adapter), "--base", "smollm2-135m"]) == 2
+    assert "are not validation items" in capsys.readouterr().err
+    assert main(["sidecar", "tune", "--traces", val_file, "--adapter", str(adapter), "--base", "smollm2-135m",
+                 "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "all 3 traces are validation items" in out and "| chosen |" in out
+    record = json.loads((adapter / TUNING_FILE).read_text())
+    assert json.loads((adapter / "sidecar.json").read_text()) == record["chosen"]
+    assert len(record["grid"]) == 24 and record["figures"]["requests"] == 3
+    report = tmp_path / "eval" / "test.json"
+    assert main(["sidecar", "eval", "--traces", test_file, "--adapter", str(adapter), "--base", "smollm2-135m",
+                 "--threads", "1", "--out", str(report)]) == 0
+    results = json.loads(report.read_text())
+    assert list(results) == ["base smollm2-135m", str(adapter)]
+    assert results[str(adapter)]["requests"] == 2 and results[str(adapter)]["not_held_out"] == []
+    md = report.with_suffix(".md").read_text()
+    assert "### Calibration of call or none" in md and f"| {adapter} | bfcl:irrelevance | 1 (1) |" in md
+    # A request whose teacher called a tool the adapter was trained on is flagged in the report.
+    time_call = _trace("multiple_9", "bfcl", {"name": "get_time", "arguments": {"zone": "UTC"}})
+    assert main(["sidecar", "eval", "--traces", _write(tmp_path / "t2.jsonl", [time_call]), "--adapter", str(adapter),
+                 "--base", "smollm2-135m", "--skip-base", "--threads", "1"]) == 0
+    assert "1 of 1 requests are not held out from its training data (e.g. multiple_9)" in capsys.readouterr().out

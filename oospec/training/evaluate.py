@@ -132,6 +132,18 @@ def agreement(predictor, traces: Sequence[dict], progress: bool = True) -> dict:
     return report(items)
 
 
+def not_held_out(adapter: str | None, traces: Sequence[dict]) -> list[str]:
+    """The traces an adapter's training manifest says it used, or whose teacher called a tool it used: its
+    agreement on them measures recall, not prediction (empty: no adapter, or no manifest to tell)."""
+    from oospec.sidecar.provenance import training_manifest
+    from oospec.training.split import teacher_calls
+
+    manifest = training_manifest(adapter)
+    if manifest is None:
+        return []
+    return [t["id"] for t in traces if manifest.overlap(t["id"], {c["name"] for c in teacher_calls(t)})]
+
+
 # -- markdown ------------------------------------------------------------------------------------------------
 def _pct(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"

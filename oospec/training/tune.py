@@ -139,7 +139,25 @@ def tune(predictor, traces: Sequence[dict], settings: Sequence[Setting] | None =
                                          for s, r in results]}
 
 
-def write_tuning(adapter: str | Path, result: dict, traces_path: str | Path) -> dict:
+def check_validation_traces(manifest_path: str | Path | None, traces: Sequence[dict]) -> str:
+    """Refuses traces that are not the split's validation items (settings are chosen on validation only; test is
+    reported once). Returns what was checked, for the record."""
+    from oospec.errors import OospecError
+
+    if manifest_path is None or not Path(manifest_path).is_file():
+        return "not checked: no data manifest of the split"
+    doc = json.loads(Path(manifest_path).read_text())
+    if doc.get("version") != 2:
+        return f"not checked: {manifest_path} has no validation split (manifest version 1)"
+    validation = set(doc["items"]["validation"])
+    stray = [t["id"] for t in traces if t["id"] not in validation]
+    if stray:
+        raise OospecError(f"{len(stray)} of {len(traces)} traces (e.g. {stray[0]}) are not validation items of "
+                          f"{manifest_path}: settings are chosen on the validation split only")
+    return f"all {len(traces)} traces are validation items of {manifest_path}"
+
+
+def write_tuning(adapter: str | Path, result: dict, traces_path: str | Path, checked: str = "") -> dict:
     """The chosen settings into the adapter's sidecar.json (other settings there kept), and the record of the
     choice (the traces' digest, every setting's figures) into tuning.json. Returns the new sidecar.json."""
     from oospec.sidecar.predictor import SIDECAR_SETTINGS
@@ -149,7 +167,8 @@ def write_tuning(adapter: str | Path, result: dict, traces_path: str | Path) -> 
     settings = {**(json.loads(path.read_text()) if path.is_file() else {}), **result["chosen"]}
     path.write_text(json.dumps(settings) + "\n")
     digest = hashlib.sha256(Path(traces_path).read_bytes()).hexdigest()
-    (folder / TUNING_FILE).write_text(json.dumps({"traces": str(traces_path), "traces_sha256": digest, **result},
+    (folder / TUNING_FILE).write_text(json.dumps({"traces": str(traces_path), "traces_sha256": digest,
+                                                 "validation_check": checked, **result},
                                                  indent=1, ensure_ascii=False) + "\n")
     return settings
 
