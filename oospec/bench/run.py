@@ -215,8 +215,9 @@ def _start_sidecar(cfg: BenchConfig):
 
 
 def trained_item_filter(adapter: str | None):
-    """For --held-out-only: a predicate true of the items the adapter's training manifest lists (or whose gold
-    call uses a tool it was trained on); None when there is no manifest (nothing to drop)."""
+    """For --held-out-only: a predicate true of the items the adapter's training manifest says were used (trained
+    on or used to choose its settings), or whose gold call uses a tool they call, unless its split held the item
+    out (`TrainingManifest.overlap`); None when there is no manifest (nothing to drop)."""
     from oospec.sidecar.provenance import training_manifest
 
     manifest = training_manifest(adapter)

@@ -1,4 +1,4 @@
-"""`oospec sidecar traces | train | eval`: the sidecar's training pipeline (oospec/training)."""
+"""`oospec sidecar traces | split | train | tune | eval`: the sidecar's training pipeline (oospec/training)."""
 
 from __future__ import annotations
 
@@ -80,7 +80,8 @@ def cmd_train(args) -> None:
 
 def cmd_eval(args) -> None:
     from oospec.sidecar.predictor import SidecarPredictor
-    from oospec.training.evaluate import agreement, format_table
+    from oospec.sidecar.process import resolve_adapter
+    from oospec.training.evaluate import agreement, format_report, not_held_out
     from oospec.training.traces import read_traces
 
     set_threads(args.threads)
@@ -91,23 +92,59 @@ def cmd_eval(args) -> None:
         traces = traces_from_bench(args.from_bench, dataset, split or None)[: args.limit]
     else:
         traces = read_traces(args.traces)[: args.limit]
-    # Overrides of how the trained adapter is queried (its sidecar.json otherwise), to compare choices.
+    if not traces:
+        raise OospecError(f"no traces in {args.from_bench or args.traces}")
+    # Overrides of how the trained adapters are queried (their sidecar.json otherwise), to compare choices.
     overrides = {k: v for k, v in (("rank_by", args.rank_by), ("prior_weight", args.prior_weight)) if v is not None}
     runs = [] if args.skip_base else [("base " + args.base, None)]
-    if args.adapter:
-        runs.append(("trained " + args.adapter + "".join(f" {k}={v}" for k, v in overrides.items()), args.adapter))
+    for given in args.adapter or []:
+        folder = resolve_adapter(args.base, given)
+        if folder is None or not Path(folder).is_dir():
+            raise OospecError(f"--adapter {given}: no such adapter folder")
+        label = given if given != "auto" else f"shipped ({Path(folder).name})"
+        runs.append((label + "".join(f" {k}={v}" for k, v in overrides.items()), folder))
     if not runs:
         raise OospecError("nothing to evaluate: --skip-base needs --adapter")
-    results = {}
+    results, notes = {}, []
     for name, adapter in runs:
+        used = not_held_out(adapter, traces)
+        if used:
+            notes.append(f"{name}: {len(used)} of {len(traces)} requests are not held out from its training data "
+                         f"(e.g. {used[0]}): its figures on them measure recall")
         predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter, **(overrides if adapter else {}))
-        results[name] = agreement(predictor, traces)
-    table = format_table(results)
-    print(table)
+        results[name] = {**agreement(predictor, traces), "not_held_out": used}
+    report = format_report(results) + "".join(f"\n\nNote: {n}" for n in notes)
+    print(report)
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n")
-        Path(args.out).with_suffix(".md").write_text(table + "\n")
+        Path(args.out).with_suffix(".md").write_text(report + "\n")
+
+
+def cmd_tune(args) -> None:
+    from oospec.sidecar.predictor import SidecarPredictor
+    from oospec.sidecar.provenance import MANIFEST_FILES
+    from oospec.training.traces import read_traces
+    from oospec.training.tune import check_validation_traces, format_grid, tune, write_tuning
+
+    set_threads(args.threads)
+    traces = read_traces(args.traces)
+    if not traces:
+        raise OospecError(f"no traces in {args.traces}: tune on the split's validation.jsonl")
+    if not Path(args.adapter).is_dir():
+        raise OospecError(f"--adapter {args.adapter}: no such adapter folder")
+    manifest = args.manifest or next((Path(args.adapter) / n for n in MANIFEST_FILES
+                                      if (Path(args.adapter) / n).is_file()), None)
+    checked = check_validation_traces(manifest, traces)
+    print(f"validation traces: {checked}")
+    predictor = SidecarPredictor.from_pretrained(args.base, adapter=args.adapter)
+    limit = {} if args.max_missed_calls is None else {"max_missed_calls": args.max_missed_calls}
+    result = tune(predictor, traces, **limit)
+    print(format_grid(result))
+    settings = write_tuning(args.adapter, result, args.traces, checked)
+    met = "" if result["constraint_met"] else (f" (no setting answers 'no call' to at most {result['max_missed_calls']:.0%} "
+                                                "of the teacher's calls: the fewest missed calls was chosen)")
+    print(f"wrote {Path(args.adapter) / 'sidecar.json'}: {json.dumps(settings)}{met}")
 
 
 def add_sidecar_parser(sub) -> None:
@@ -154,20 +191,34 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--init-adapter", default=None, metavar="DIR",
                    help="an adapter training will start from: its training tools are kept in train")
     p.set_defaults(func=cmd_split)
-    p = add_command(sc, "eval", "agreement with the teacher on held-out tools, base vs trained",
-                    "oospec sidecar eval --adapter runs/sidecar-adapter")
-    p.add_argument("--traces", default="runs/sidecar-data/heldout_traces.jsonl")
+    p = add_command(sc, "eval", "agreement and calibration on held-out traces: base vs adapters, per source",
+                    "oospec sidecar eval --traces runs/sidecar-split/test.jsonl --adapter auto "
+                    "--adapter runs/sidecar-adapter --out runs/sidecar-eval/test.json")
+    p.add_argument("--traces", default="runs/sidecar-split/test.jsonl")
     p.add_argument("--base", default=DEFAULT_SIDECAR)
-    p.add_argument("--adapter", default=None)
+    p.add_argument("--adapter", action="append", default=None, metavar="DIR",
+                   help="an adapter folder to evaluate ('auto': the shipped one); repeat to compare several")
     p.add_argument("--from-bench", default=None, metavar="SAMPLES_JSONL",
                    help="held-out traces from a `bench run`: its ar outputs are the teacher's calls")
     p.add_argument("--from-bench-dataset", default="apibank:1", help="dataset[:split] of --from-bench")
     p.add_argument("--limit", type=positive_int, default=None, help="first N traces (default: all)")
-    p.add_argument("--out", default=None, help="JSON results here (and a .md table beside it)")
+    p.add_argument("--out", default=None, help="JSON results here (and the markdown report beside it, .md)")
     add_threads_option(p)
-    p.add_argument("--skip-base", action="store_true", help="evaluate the adapter only")
+    p.add_argument("--skip-base", action="store_true", help="evaluate the adapters only")
     p.add_argument("--rank-by", choices=("greedy", "total"), default=None,
-                   help="how the adapter's function is chosen (default: its sidecar.json)")
+                   help="how the adapters' function is chosen (default: each one's sidecar.json)")
     p.add_argument("--prior-weight", type=float, default=None,
-                   help="weight of the names' prior taken out of their scores (default: the adapter's sidecar.json)")
+                   help="weight of the names' prior taken out of their scores (default: each one's sidecar.json)")
     p.set_defaults(func=cmd_eval)
+    p = add_command(sc, "tune", "choose an adapter's sidecar.json settings on the validation traces",
+                    "oospec sidecar tune --traces runs/sidecar-split/validation.jsonl --adapter runs/sidecar-adapter")
+    p.add_argument("--traces", default="runs/sidecar-split/validation.jsonl")
+    p.add_argument("--adapter", required=True, metavar="DIR", help="the adapter folder (its sidecar.json is rewritten)")
+    p.add_argument("--base", default=DEFAULT_SIDECAR)
+    p.add_argument("--manifest", default=None, metavar="JSON",
+                   help="the split's manifest, to check the traces are validation items (default: the adapter's)")
+    p.add_argument("--max-missed-calls", type=float, default=None,
+                   help="most of the teacher's calls a chosen setting may answer 'no call', a fraction (default: "
+                        "oospec.training.tune.MAX_MISSED_CALLS, 0.02)")
+    add_threads_option(p)
+    p.set_defaults(func=cmd_tune)

@@ -25,7 +25,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,17 @@ class TaskFormat:
 # Predictor settings an adapter was trained for, saved beside it by `oospec sidecar train`.
 SIDECAR_SETTINGS = "sidecar.json"
 
+
+@dataclass(frozen=True)
+class NameScores:
+    """A request's scores before the function is chosen (`SidecarPredictor.name_scores`)."""
+
+    prompt: str
+    call_probability: float
+    rows: list[list[int]]  # per offered tool: the prompt and its name row, token ids
+    shared: int  # leading tokens all rows share (encoded once)
+    logprobs: list[np.ndarray]  # per row: (len(row) - shared,) log-probabilities; [] with one tool
+    prior: np.ndarray | None  # (tools,) each name's log-probability without the conversation; None with one tool
 
 class SidecarPredictor:
     """Predicts a tool call's function and slot values with a small causal LM (see the module docstring)."""
@@ -366,6 +377,23 @@ class SidecarPredictor:
                 best[i] = (score, option)
         return {(slots[i][0].name, slots[i][1].name): option for i, (_, option) in best.items()}
 
+
+    # -- for choosing settings (`oospec sidecar tune`) ------------------------------------------------------
+    def name_scores(self, job: Job, tools: Sequence[Tool]) -> NameScores:
+        """What `guess` weighs before it chooses a function, computed under every setting at once: the call
+        probability, each name's log-probabilities and their prior. `rank_functions` then chooses under any
+        `rank_by` / `prior_weight` and `fill_slots` decodes the choice, with nothing scored twice."""
+        prompt = self.format.prompt(job)
+        prior = self.name_prior(job, tools) if len(tools) > 1 else None
+        call_probability = self.call_likelihood(job, prompt)
+        rows = [self.format.encode(prompt + self.format.function_row(job, t.name)) for t in tools]
+        probe = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, t.parameters[0]))
+                 for t in tools if t.parameters]
+        if len(tools) == 1:
+            self.runner.encode_prefix(rows[0][: min(common_prefix_length(rows + probe), len(rows[0]) - 1)])
+            return NameScores(prompt, call_probability, rows, 0, [], None)
+        shared, logprobs = self.score_rows(rows, share_with=probe)
+        return NameScores(prompt, call_probability, rows, shared, logprobs, prior)
 
 def closed_options(p: Param) -> list:
     """The few values a slot can take, when the schema says so (booleans, enums); [] otherwise."""
