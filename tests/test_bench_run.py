@@ -285,3 +285,13 @@ def test_offset_and_held_out_only_select_items(tmp_path):
     for bad, message in ((dict(limit=0), "--limit must be at least 1"), (dict(offset=-1), "--offset must be >= 0")):
         with pytest.raises(BenchError, match=message):
             load_datasets(BenchConfig(datasets=["apibank"], **bad))
+
+
+def test_items_selects_exactly_those_ids_in_dataset_order():
+    """--items runs another run's items (e.g. one adapter's test items under another adapter)."""
+    (_, all_items), = load_datasets(BenchConfig(datasets=["apibank"], split="1", limit=12))
+    ids = [all_items[9].id, all_items[2].id]
+    (_, chosen), = load_datasets(BenchConfig(datasets=["apibank"], split="1", items=ids))
+    assert [s.id for s in chosen] == [all_items[2].id, all_items[9].id]
+    with pytest.raises(BenchError, match="--items not in these datasets: nope"):
+        load_datasets(BenchConfig(datasets=["apibank"], split="1", items=ids + ["nope"]))

@@ -29,6 +29,7 @@ class BenchConfig:
     limit: int | None = None
     offset: int = 0  # skip the first N items of each dataset (before held_out_only and limit)
     held_out_only: bool = False  # drop the items the sidecar adapter was trained on (else they are refused)
+    items: list[str] = field(default_factory=list)  # only these item ids (e.g. another run's), before offset
     max_new_tokens: int = 128
     budget: int = 16
     # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see
@@ -128,8 +129,11 @@ def load_datasets(cfg: BenchConfig, exclude: Callable[[object], bool] | None = N
     if cfg.offset < 0:
         raise BenchError(f"--offset must be >= 0, got {cfg.offset}")
 
+    wanted = set(cfg.items)
+
     def select(samples):
-        kept = [s for s in samples[cfg.offset:] if exclude is None or not exclude(s)]
+        chosen = [s for s in samples if s.id in wanted] if wanted else list(samples)
+        kept = [s for s in chosen[cfg.offset:] if exclude is None or not exclude(s)]
         return Samples(kept if cfg.limit is None else kept[: cfg.limit], getattr(samples, "skipped", ()))
 
     out: list[tuple[str, list]] = []
@@ -141,6 +145,10 @@ def load_datasets(cfg: BenchConfig, exclude: Callable[[object], bool] | None = N
         if not Path(path).exists():
             raise BenchError(f"--data file not found: {path}")
         out.append((Path(path).stem, select(load_path(path))))
+    if wanted:
+        missing = wanted - {s.id for _, samples in out for s in samples}
+        if missing:
+            raise BenchError(f"--items not in these datasets: {', '.join(sorted(missing)[:5])}")
     labels = [label for label, _ in out]
     if len(set(labels)) != len(labels):
         raise BenchError(f"the same dataset is listed twice: {', '.join(labels)}")

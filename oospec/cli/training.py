@@ -75,6 +75,11 @@ def cmd_train(args) -> None:
                       batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
                       threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
     summary = train(traces, args.out, cfg, max_minutes=args.max_minutes)
+    # The split's manifest goes with the adapter (and each epoch's checkpoint): which items and tools it used.
+    manifest = Path(args.traces).parent / "manifest.json"
+    if manifest.is_file():
+        for folder in [Path(args.out), *Path(args.out).glob("epoch-*")]:
+            (folder / "data_manifest.json").write_text(manifest.read_text())
     print(json.dumps({k: v for k, v in summary.items() if k != "config"}))
 
 

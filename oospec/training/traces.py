@@ -55,6 +55,28 @@ def _stop_plain_answers(tokenizer):
     return on_tokens
 
 
+_GROUP = 3  # requests of one group at most: enough to reuse a dialogue's prefix, few enough to interleave
+
+
+def _interleaved(samples: Sequence[Sample]) -> list[Sample]:
+    """Requests with the same tools and dialogue together (their shared prompt prefix is prefilled once), and
+    those groups taken from each source in turn, so a run stopped early has traced every source alike."""
+    from itertools import zip_longest
+
+    ordered = sorted(samples, key=lambda s: json.dumps([[t.name for t in s.tools], s.messages], ensure_ascii=False))
+    groups: dict[str, list[list[Sample]]] = {}
+    last_tools = None
+    for s in ordered:
+        tools = [t.name for t in s.tools]
+        source = f"{s.dataset}:{s.meta.get('category') or s.meta.get('level') or ''}"
+        if tools != last_tools or not groups.get(source) or len(groups[source][-1]) >= _GROUP:
+            groups.setdefault(source, []).append([])
+        groups[source][-1].append(s)
+        last_tools = tools
+    by_source = [groups[k] for k in sorted(groups)]
+    return [s for turn in zip_longest(*by_source) for group in turn if group for s in group]
+
+
 def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method: str = "toolspec",
                   max_new_tokens: int = 128, progress: bool = True, prefix_cache_bytes: int = 2 << 30) -> list[dict]:
     """Append a trace per sample not yet in `path` (greedy: any lossless method writes the same text).
@@ -69,8 +91,7 @@ def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     done = {t["id"] for t in read_traces(path)}
-    todo = sorted((s for s in samples if s.id not in done),
-                  key=lambda s: json.dumps([[t.name for t in s.tools], s.messages], ensure_ascii=False))
+    todo = _interleaved([s for s in samples if s.id not in done])
     drafter = make_drafter(method)
     cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
     with open(path, "a", encoding="utf-8") as f:
