@@ -198,3 +198,72 @@ def test_turn_agreement_is_order_insensitive_and_pairs_each_call_once():
     a = compare_calls([TIME, GOOD, LYON], [paris])
     assert (a.functions_matched, a.calls_full, a.calls_predicted) == (1, 1, 3) and not a.full_match
     assert compare_calls([], []).full_match and not compare_calls([], [paris]).function_match
+
+
+# -- on a real target: tau and identical output ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_call_case(smollm2_engine):
+    """A request on which SmolLM2 writes two calls in one turn (two examples before it show how), its greedy
+    tokens and the two calls it writes."""
+    from test_sidecar import WEATHER
+
+    from oospec.tools.dialects import DIALECTS
+
+    def turn(calls):
+        return "\n".join("<tool_call>\n" + call(g) + "\n</tool_call>" for g in calls)
+
+    messages = []
+    for user, calls in [("Weather in Paris for 3 days and in Lyon for 2 days, metric.", [GOOD, LYON]),
+                        ("Weather in Berlin for 1 day and in Madrid for 4 days, metric.",
+                         [Guess("get_weather", {"city": "Berlin", "days": 1, "metric": True}),
+                          Guess("get_weather", {"city": "Madrid", "days": 4, "metric": True})])]:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": turn(calls)}]
+    messages.append({"role": "user", "content": "Weather in Rome for 5 days and in Oslo for 2 days, metric."})
+    prompt = smollm2_engine.encode(messages, WEATHER)
+    ref = smollm2_engine.generate(prompt_ids=prompt, max_new_tokens=96)
+    written = DIALECTS["hermes"].parse(ref.text)
+    assert len(written) == 2, ref.text
+    return messages, prompt, ref.tokens, [Guess(c.name, c.arguments) for c in written]
+
+
+def _run(engine, case, drafter):
+    messages, prompt, _, _ = case
+    return engine.generate(messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=96, tool_schemas=TOOLS,
+                           dialect="hermes")
+
+
+def test_hints_for_the_second_call_come_from_the_second_prediction(smollm2_engine, two_call_case):
+    import numpy as np
+    from sidecar_fakes import InstantSidecar
+
+    from oospec.drafters import make_drafter
+
+    _, _, ref, (first, second) = two_call_case
+    one = _run(smollm2_engine, two_call_case, make_drafter("sidecar", sidecar=InstantSidecar([first])))
+    turn = _run(smollm2_engine, two_call_case, make_drafter("sidecar", sidecar=InstantSidecar([first],
+                                                                                               following=[second])))
+    assert np.array_equal(one.tokens, ref) and np.array_equal(turn.tokens, ref)
+    # The hints alone: with the second call predicted, both calls (and what joins them) come from hints.
+    assert turn.stats.tau > 1.5 * one.stats.tau, (one.stats.accepted_per_step, turn.stats.accepted_per_step)
+    assert turn.stats.target_forwards <= 8, turn.stats.accepted_per_step
+
+
+def test_adversarial_turns_never_change_the_output(smollm2_engine, two_call_case):
+    import numpy as np
+    from sidecar_fakes import InstantSidecar
+
+    from oospec.drafters import make_drafter
+
+    _, _, ref, (first, second) = two_call_case
+    lie = Guess(second.function, {k: ("x\"}\n</tool_call>" if isinstance(v, str) else v) for k, v in second.arguments.items()})
+    turns = {"more calls than written": ([first], [second, TIME, LYON]),
+             "fewer": ([first], []),
+             "wrong order": ([second], [first]),
+             "the first twice": ([first], [first]),
+             "lying values": ([first], [lie, second]),
+             "another function": ([TIME], [second, first])}
+    for name, (best, following) in turns.items():
+        out = _run(smollm2_engine, two_call_case, make_drafter("oospec", sidecar=InstantSidecar(best, following=following)))
+        assert np.array_equal(out.tokens, ref), name
