@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_sidecar import END, GOOD, TOOLS, drafter_after
+from test_sidecar import END, GOOD, TOOLS, WEATHER, drafter_after
 
 from oospec.drafters.sidecar import dialect_joint
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload, parse_payload
@@ -95,17 +95,17 @@ def test_later_calls_are_guessed_with_the_calls_before_them_until_the_turn_ends(
 def test_the_predictor_asks_for_later_calls_as_the_rows_teach_them(smollm2_model, smollm2_tokenizer):
     """The text the predictor decodes after a call is the training row's prefix, and its opening of another
     call, cut at NEXT_CALL, primes the next call's rows exactly as training primed them."""
+    import torch
+
     from oospec.sidecar.predictor import SidecarPredictor
 
     pred = SidecarPredictor(smollm2_model, smollm2_tokenizer, max_calls=4)
     job = Job("r", [{"role": "user", "content": "Weather in Paris for 3 days, and in Lyon for 2 days?"}],
-              [t for t in json.loads(json.dumps(WEATHER_TOOLS))], opener="<tool_call>\n")
+              WEATHER, opener="<tool_call>\n")
     raw = pred.predict(job)
     p = parse_payload(raw, "r", TOOLS)
     assert p.best is not None and len(p.calls) <= 4
     # next_call_opening is plain greedy decoding after the call (last token decoded again): compare.
-    import torch
-
     text = pred.format.prompt(job) + pred.format.call_text(job, p.best.function, p.best.arguments)
     ids = pred.format.encode(text)
     with torch.no_grad():
@@ -117,9 +117,6 @@ def test_the_predictor_asks_for_later_calls_as_the_rows_teach_them(smollm2_model
         assert joint == greedy[len(last):greedy.index('{"name": "', len(last))]
     else:
         assert joint is None
-
-
-from test_sidecar import WEATHER as WEATHER_TOOLS  # noqa: E402
 
 
 # -- hints that follow the target through the turn ---------------------------------------------------------
@@ -155,10 +152,11 @@ def test_calls_in_another_order_or_more_calls_than_predicted():
     # While it writes Lyon first, the Lyon prediction is the branch that follows it.
     _, texts = drafter_after('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ly', [GOOD], following=[LYON])
     assert texts == ['on", "days": 2, "metric": false}}' + END]
-    # Another function first (matched by name), then the weather calls in order.
+    # The second prediction first (matched by name), then the others in order, the next one as a branch.
     after_time = "<tool_call>\n" + call(TIME) + JOINT + '{"name": "get_weather", "arguments": {"ci'
     _, texts = drafter_after(after_time, [GOOD], following=[TIME, LYON])
-    assert texts[0].startswith('ty": "Paris"') and texts[0].endswith(JOINT[:-1] or "") is not None
+    assert texts == [('ty": "Paris", "days": 3, "metric": true}}' + JOINT + call(LYON))[:96],
+                     'ty": "Lyon", "days": 2, "metric": false}}' + END]
     # A third call where two were predicted: nothing from the sidecar.
     third = "<tool_call>\n" + call(GOOD) + JOINT + call(LYON) + JOINT + '{"name": "get_weather", "arguments": {"ci'
     _, texts = drafter_after(third, [GOOD], following=[LYON])
