@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_sidecar import END, GOOD, TOOLS, drafter_after
+from test_sidecar import END, GOOD, TOOLS, WEATHER, drafter_after
 
 from oospec.drafters.sidecar import dialect_joint
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload, parse_payload
@@ -95,17 +95,17 @@ def test_later_calls_are_guessed_with_the_calls_before_them_until_the_turn_ends(
 def test_the_predictor_asks_for_later_calls_as_the_rows_teach_them(smollm2_model, smollm2_tokenizer):
     """The text the predictor decodes after a call is the training row's prefix, and its opening of another
     call, cut at NEXT_CALL, primes the next call's rows exactly as training primed them."""
+    import torch
+
     from oospec.sidecar.predictor import SidecarPredictor
 
     pred = SidecarPredictor(smollm2_model, smollm2_tokenizer, max_calls=4)
     job = Job("r", [{"role": "user", "content": "Weather in Paris for 3 days, and in Lyon for 2 days?"}],
-              [t for t in json.loads(json.dumps(WEATHER_TOOLS))], opener="<tool_call>\n")
+              WEATHER, opener="<tool_call>\n")
     raw = pred.predict(job)
     p = parse_payload(raw, "r", TOOLS)
     assert p.best is not None and len(p.calls) <= 4
     # next_call_opening is plain greedy decoding after the call (last token decoded again): compare.
-    import torch
-
     text = pred.format.prompt(job) + pred.format.call_text(job, p.best.function, p.best.arguments)
     ids = pred.format.encode(text)
     with torch.no_grad():
@@ -117,9 +117,6 @@ def test_the_predictor_asks_for_later_calls_as_the_rows_teach_them(smollm2_model
         assert joint == greedy[len(last):greedy.index('{"name": "', len(last))]
     else:
         assert joint is None
-
-
-from test_sidecar import WEATHER as WEATHER_TOOLS  # noqa: E402
 
 
 # -- hints that follow the target through the turn ---------------------------------------------------------
@@ -155,10 +152,11 @@ def test_calls_in_another_order_or_more_calls_than_predicted():
     # While it writes Lyon first, the Lyon prediction is the branch that follows it.
     _, texts = drafter_after('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ly', [GOOD], following=[LYON])
     assert texts == ['on", "days": 2, "metric": false}}' + END]
-    # Another function first (matched by name), then the weather calls in order.
+    # The second prediction first (matched by name), then the others in order, the next one as a branch.
     after_time = "<tool_call>\n" + call(TIME) + JOINT + '{"name": "get_weather", "arguments": {"ci'
     _, texts = drafter_after(after_time, [GOOD], following=[TIME, LYON])
-    assert texts[0].startswith('ty": "Paris"') and texts[0].endswith(JOINT[:-1] or "") is not None
+    assert texts == [('ty": "Paris", "days": 3, "metric": true}}' + JOINT + call(LYON))[:96],
+                     'ty": "Lyon", "days": 2, "metric": false}}' + END]
     # A third call where two were predicted: nothing from the sidecar.
     third = "<tool_call>\n" + call(GOOD) + JOINT + call(LYON) + JOINT + '{"name": "get_weather", "arguments": {"ci'
     _, texts = drafter_after(third, [GOOD], following=[LYON])
@@ -198,3 +196,72 @@ def test_turn_agreement_is_order_insensitive_and_pairs_each_call_once():
     a = compare_calls([TIME, GOOD, LYON], [paris])
     assert (a.functions_matched, a.calls_full, a.calls_predicted) == (1, 1, 3) and not a.full_match
     assert compare_calls([], []).full_match and not compare_calls([], [paris]).function_match
+
+
+# -- on a real target: tau and identical output ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_call_case(smollm2_engine):
+    """A request on which SmolLM2 writes two calls in one turn (two examples before it show how), its greedy
+    tokens and the two calls it writes."""
+    from test_sidecar import WEATHER
+
+    from oospec.tools.dialects import DIALECTS
+
+    def turn(calls):
+        return "\n".join("<tool_call>\n" + call(g) + "\n</tool_call>" for g in calls)
+
+    messages = []
+    for user, calls in [("Weather in Paris for 3 days and in Lyon for 2 days, metric.", [GOOD, LYON]),
+                        ("Weather in Berlin for 1 day and in Madrid for 4 days, metric.",
+                         [Guess("get_weather", {"city": "Berlin", "days": 1, "metric": True}),
+                          Guess("get_weather", {"city": "Madrid", "days": 4, "metric": True})])]:
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": turn(calls)}]
+    messages.append({"role": "user", "content": "Weather in Rome for 5 days and in Oslo for 2 days, metric."})
+    prompt = smollm2_engine.encode(messages, WEATHER)
+    ref = smollm2_engine.generate(prompt_ids=prompt, max_new_tokens=96)
+    written = DIALECTS["hermes"].parse(ref.text)
+    assert len(written) == 2, ref.text
+    return messages, prompt, ref.tokens, [Guess(c.name, c.arguments) for c in written]
+
+
+def _run(engine, case, drafter):
+    messages, prompt, _, _ = case
+    return engine.generate(messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=96, tool_schemas=TOOLS,
+                           dialect="hermes")
+
+
+def test_hints_for_the_second_call_come_from_the_second_prediction(smollm2_engine, two_call_case):
+    import numpy as np
+    from sidecar_fakes import InstantSidecar
+
+    from oospec.drafters import make_drafter
+
+    _, _, ref, (first, second) = two_call_case
+    one = _run(smollm2_engine, two_call_case, make_drafter("sidecar", sidecar=InstantSidecar([first])))
+    turn = _run(smollm2_engine, two_call_case, make_drafter("sidecar", sidecar=InstantSidecar([first],
+                                                                                               following=[second])))
+    assert np.array_equal(one.tokens, ref) and np.array_equal(turn.tokens, ref)
+    # The hints alone: with the second call predicted, both calls (and what joins them) come from hints.
+    assert turn.stats.tau > 1.5 * one.stats.tau, (one.stats.accepted_per_step, turn.stats.accepted_per_step)
+    assert turn.stats.target_forwards <= 8, turn.stats.accepted_per_step
+
+
+def test_adversarial_turns_never_change_the_output(smollm2_engine, two_call_case):
+    import numpy as np
+    from sidecar_fakes import InstantSidecar
+
+    from oospec.drafters import make_drafter
+
+    _, _, ref, (first, second) = two_call_case
+    lie = Guess(second.function, {k: ("x\"}\n</tool_call>" if isinstance(v, str) else v) for k, v in second.arguments.items()})
+    turns = {"more calls than written": ([first], [second, TIME, LYON]),
+             "fewer": ([first], []),
+             "wrong order": ([second], [first]),
+             "the first twice": ([first], [first]),
+             "lying values": ([first], [lie, second]),
+             "another function": ([TIME], [second, first])}
+    for name, (best, following) in turns.items():
+        out = _run(smollm2_engine, two_call_case, make_drafter("oospec", sidecar=InstantSidecar(best, following=following)))
+        assert np.array_equal(out.tokens, ref), name

@@ -224,8 +224,7 @@ class SidecarDrafter(Drafter):
                 continue
             written = found[0] if found else ToolCall("", {})
             same = [i for i in open_ if self.turn[i].function == written.name]
-            agree = lambda i: sum(same_value(v, written.arguments.get(k)) for k, v in self.turn[i].arguments.items())  # noqa: E731
-            self.matched[max(same, key=lambda i: (agree(i), -i)) if same else open_[0]] = True
+            self.matched[max(same, key=lambda i: (slots_agreeing(self.turn[i], written), -i)) if same else open_[0]] = True
 
     def _pending(self) -> list[tuple[Guess, int]]:
         """[(guess, its index in the turn)] for the call the target writes now or next, the likeliest first;
@@ -362,6 +361,10 @@ class SidecarDrafter(Drafter):
         if value.startswith(so_far) and len(value) > len(so_far):
             return value[len(so_far):] + render.slots(hint, tool, keys)
         return None
+
+
+def slots_agreeing(guess: Guess, call: ToolCall) -> int:
+    return sum(1 for k, v in guess.arguments.items() if k in call.arguments and same_value(v, call.arguments[k]))
 
 
 def dialect_joint(dialect: Dialect) -> str | None:
