@@ -83,8 +83,7 @@ def _tool(name, *params):
 
 def _trace(tid, dataset, call, tools=None):
     tools = tools or [_tool("get_weather", "city"), _tool("get_time", "zone")]
-    text = "" if call is None else '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (
-        call["name"], json.dumps(call["arguments"]))
+    text = "" if call is None else f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
     return {"id": tid, "dataset": dataset, "messages": [{"role": "user", "content": f"request {tid}"}],
             "tools": tools, "chat_tools": tools, "dialect": "hermes", "text": text or "Hello there.",
             "call": call, "calls": [call] if call else []}
@@ -159,7 +158,7 @@ def _toolalpaca_traces():
     traces = []
     for s in samples:
         call = s.gold[0]
-        text = '<tool_call>\n{"name": "%s", "arguments": %s}\n</tool_call>' % (call.name, json.dumps(call.arguments))
+        text = f"<tool_call>\n{json.dumps({'name': call.name, 'arguments': call.arguments})}\n</tool_call>"
         traces.append(trace_record(s, text))
     plain = trace_record(samples[0], "You're welcome!")
     plain["messages"] = [*plain["messages"][:-1], {"role": "user", "content": "Thanks, that is all I needed."}]
@@ -268,10 +267,16 @@ def test_tune_and_eval_commands(smollm2_model, tmp_path, capsys, one_thread):
     # Settings are chosen on validation only: test traces are refused before any model loads.
     assert main(["sidecar", "tune", "--traces", test_file, "--adapter", str(adapter), "--base", "smollm2-135m"]) == 2
     assert "are not validation items" in capsys.readouterr().err
-    assert main(["sidecar", "tune", "--traces", val_file, "--adapter", str(adapter), "--base", "smollm2-135m",
-                 "--threads", "1"]) == 0
+    # A checkpoint of the same run (no manifest of its own: its run's is found) compared with the final adapter.
+    checkpoint = adapter / "epoch-1"
+    checkpoint.mkdir()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "sidecar.json"):
+        (checkpoint / name).write_bytes((adapter / name).read_bytes())
+    assert main(["sidecar", "tune", "--traces", val_file, "--adapter", str(adapter), "--adapter", str(checkpoint),
+                 "--base", "smollm2-135m", "--threads", "1"]) == 0
     out = capsys.readouterr().out
-    assert "all 3 traces are validation items" in out and "| chosen |" in out
+    assert out.count("all 3 traces are validation items") == 2 and "| chosen |" in out
+    assert f"best on validation: {adapter} (" in out  # the two are equal: the first given wins the tie
     record = json.loads((adapter / TUNING_FILE).read_text())
     assert json.loads((adapter / "sidecar.json").read_text()) == record["chosen"]
     assert len(record["grid"]) == 24 and record["figures"]["requests"] == 3

@@ -127,29 +127,41 @@ def cmd_eval(args) -> None:
 
 
 def cmd_tune(args) -> None:
-    from oospec.sidecar.predictor import SidecarPredictor
+    from oospec.sidecar.predictor import SIDECAR_SETTINGS, SidecarPredictor
     from oospec.sidecar.provenance import MANIFEST_FILES
+    from oospec.training.evaluate import format_percent
     from oospec.training.traces import read_traces
-    from oospec.training.tune import check_validation_traces, format_grid, tune, write_tuning
+    from oospec.training.tune import check_validation_traces, choose, format_grid, tune, write_tuning
 
     set_threads(args.threads)
     traces = read_traces(args.traces)
     if not traces:
         raise OospecError(f"no traces in {args.traces}: tune on the split's validation.jsonl")
-    if not Path(args.adapter).is_dir():
-        raise OospecError(f"--adapter {args.adapter}: no such adapter folder")
-    manifest = args.manifest or next((Path(args.adapter) / n for n in MANIFEST_FILES
-                                      if (Path(args.adapter) / n).is_file()), None)
-    checked = check_validation_traces(manifest, traces)
-    print(f"validation traces: {checked}")
-    predictor = SidecarPredictor.from_pretrained(args.base, adapter=args.adapter)
+    for folder in args.adapter:
+        if not Path(folder).is_dir():
+            raise OospecError(f"--adapter {folder}: no such adapter folder")
+    checked = {}
+    for folder in args.adapter:  # every check before any model loads
+        # A checkpoint (run/epoch-N) finds the split's manifest in its run's folder.
+        manifest = args.manifest or next((d / n for d in (Path(folder), Path(folder).parent) for n in MANIFEST_FILES
+                                          if (d / n).is_file()), None)
+        checked[folder] = check_validation_traces(manifest, traces)
+        print(f"{folder}: validation traces: {checked[folder]}")
     limit = {} if args.max_missed_calls is None else {"max_missed_calls": args.max_missed_calls}
-    result = tune(predictor, traces, **limit)
-    print(format_grid(result))
-    settings = write_tuning(args.adapter, result, args.traces, checked)
-    met = "" if result["constraint_met"] else (f" (no setting answers 'no call' to at most {result['max_missed_calls']:.0%} "
-                                                "of the teacher's calls: the fewest missed calls was chosen)")
-    print(f"wrote {Path(args.adapter) / 'sidecar.json'}: {json.dumps(settings)}{met}")
+    chosen = []
+    for folder in args.adapter:
+        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder), traces, **limit)
+        print(f"\n{folder}\n\n{format_grid(result)}")
+        settings = write_tuning(folder, result, args.traces, checked[folder])
+        met = "" if result["constraint_met"] else (
+            f" (no setting answers 'no call' to at most {result['max_missed_calls']:.0%} of the teacher's calls: "
+            "the fewest missed calls was chosen)")
+        print(f"wrote {Path(folder) / SIDECAR_SETTINGS}: {json.dumps(settings)}{met}")
+        chosen.append((folder, result["figures"]))
+    if len(chosen) > 1:  # checkpoints compared at their own chosen settings, by the same rule
+        best, figures, _ = choose(chosen, result["max_missed_calls"])
+        print(f"\nbest on validation: {best} (full-call agreement {format_percent(figures['full_call_agreement'])}, "
+              f"{figures['missed_calls']} of {figures['n']} calls answered 'no call')")
 
 
 def add_sidecar_parser(sub) -> None:
@@ -218,7 +230,8 @@ def add_sidecar_parser(sub) -> None:
     p = add_command(sc, "tune", "choose an adapter's sidecar.json settings on the validation traces",
                     "oospec sidecar tune --traces runs/sidecar-split/validation.jsonl --adapter runs/sidecar-adapter")
     p.add_argument("--traces", default="runs/sidecar-split/validation.jsonl")
-    p.add_argument("--adapter", required=True, metavar="DIR", help="the adapter folder (its sidecar.json is rewritten)")
+    p.add_argument("--adapter", required=True, action="append", metavar="DIR",
+                   help="an adapter folder (its sidecar.json is rewritten); repeat to compare checkpoints")
     p.add_argument("--base", default=DEFAULT_SIDECAR)
     p.add_argument("--manifest", default=None, metavar="JSON",
                    help="the split's manifest, to check the traces are validation items (default: the adapter's)")

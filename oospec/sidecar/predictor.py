@@ -99,6 +99,7 @@ class NameScores:
     logprobs: list[np.ndarray]  # per row: (len(row) - shared,) log-probabilities; [] with one tool
     prior: np.ndarray | None  # (tools,) each name's log-probability without the conversation; None with one tool
 
+
 class SidecarPredictor:
     """Predicts a tool call's function and slot values with a small causal LM (see the module docstring)."""
 
@@ -377,7 +378,6 @@ class SidecarPredictor:
                 best[i] = (score, option)
         return {(slots[i][0].name, slots[i][1].name): option for i, (_, option) in best.items()}
 
-
     # -- for choosing settings (`oospec sidecar tune`) ------------------------------------------------------
     def name_scores(self, job: Job, tools: Sequence[Tool]) -> NameScores:
         """What `guess` weighs before it chooses a function, computed under every setting at once: the call
@@ -394,6 +394,7 @@ class SidecarPredictor:
             return NameScores(prompt, call_probability, rows, 0, [], None)
         shared, logprobs = self.score_rows(rows, share_with=probe)
         return NameScores(prompt, call_probability, rows, shared, logprobs, prior)
+
 
 def closed_options(p: Param) -> list:
     """The few values a slot can take, when the schema says so (booleans, enums); [] otherwise."""

@@ -57,7 +57,7 @@ def score_answer(trace: dict, tools, guess: Guess | None, no_call: bool, call_pr
             "teacher": call}
 
 
-def _ratio(part: int | float, whole: int) -> float | None:
+def _ratio(part: float, whole: int) -> float | None:
     return part / whole if whole else None
 
 
@@ -145,7 +145,7 @@ def not_held_out(adapter: str | None, traces: Sequence[dict]) -> list[str]:
 
 
 # -- markdown ------------------------------------------------------------------------------------------------
-def _pct(x: float | None) -> str:
+def format_percent(x: float | None) -> str:
     return "–" if x is None else f"{100 * x:.1f}%"
 
 
@@ -155,14 +155,14 @@ def _p(x: float | None) -> str:
 
 def format_table(results: dict[str, dict]) -> str:
     """One row per sidecar: agreement with the teacher."""
-    lines = ["| sidecar | requests (no call) | call or none | missed calls | function accuracy | slot exact match "
-             "| full-call agreement | on predictable calls | latency |",
+    lines = [("| sidecar | requests (no call) | call or none | missed calls | function accuracy | slot exact match "
+              "| full-call agreement | on predictable calls | latency |"),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         latency = "–" if r["mean_latency_s"] is None else f"{r['mean_latency_s']:.2f} s"
-        lines.append(f"| {name} | {r['requests']} ({r['no_call_requests']}) | {_pct(r['call_decision_accuracy'])} "
-                     f"| {r['missed_calls']} | {_pct(r['function_accuracy'])} | {_pct(r['slot_exact_match'])} "
-                     f"| {_pct(r['full_call_agreement'])} | {_pct(r['full_call_agreement_predictable'])} "
+        lines.append(f"| {name} | {r['requests']} ({r['no_call_requests']}) | {format_percent(r['call_decision_accuracy'])} "
+                     f"| {r['missed_calls']} | {format_percent(r['function_accuracy'])} | {format_percent(r['slot_exact_match'])} "
+                     f"| {format_percent(r['full_call_agreement'])} | {format_percent(r['full_call_agreement_predictable'])} "
                      f"({r['predictable_calls']}) | {latency} |")
     return "\n".join(lines)
 
@@ -175,9 +175,9 @@ def format_calibration(results: dict[str, dict]) -> str:
     for name, r in results.items():
         for b in r["calibration"]["bins"]:
             lines.append(f"| {name} | {b['from']:.1f}–{b['to']:.1f} | {b['count']} | {_p(b['mean_predicted'])} "
-                         f"| {_pct(b['observed_call_rate'])} |")
-    lines += ["", f"| sidecar | lowest probability where the teacher called | teacher calls below {CONFIDENT_NO_CALL} "
-              "| expected calibration error |", "|---|---:|---:|---:|"]
+                         f"| {format_percent(b['observed_call_rate'])} |")
+    lines += ["", (f"| sidecar | lowest probability where the teacher called | teacher calls below {CONFIDENT_NO_CALL} "
+                   "| expected calibration error |"), "|---|---:|---:|---:|"]
     for name, r in results.items():
         c = r["calibration"]
         lines.append(f"| {name} | {_p(c['lowest_probability_where_called'])} | {c[below]} of {r['n']} "
@@ -186,13 +186,13 @@ def format_calibration(results: dict[str, dict]) -> str:
 
 
 def format_by_source(results: dict[str, dict]) -> str:
-    lines = ["| sidecar | source | requests (no call) | call or none | function accuracy | full-call agreement "
-             "| lowest probability where called |", "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [("| sidecar | source | requests (no call) | call or none | function accuracy | full-call agreement "
+              "| lowest probability where called |"), "|---|---|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         for source, s in r["by_source"].items():
             lines.append(f"| {name} | {source} | {s['requests']} ({s['no_call_requests']}) "
-                         f"| {_pct(s['call_decision_accuracy'])} | {_pct(s['function_accuracy'])} "
-                         f"| {_pct(s['full_call_agreement'])} "
+                         f"| {format_percent(s['call_decision_accuracy'])} | {format_percent(s['function_accuracy'])} "
+                         f"| {format_percent(s['full_call_agreement'])} "
                          f"| {_p(s['calibration']['lowest_probability_where_called'])} |")
     return "\n".join(lines)
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from oospec.sidecar.protocol import Guess, PayloadError, encode_payload, parse_payload
 from oospec.tools.schema import tools_from_openai
-from oospec.training.evaluate import calibration, score_answer, summarize
+from oospec.training.evaluate import calibration, format_percent, score_answer, summarize
 from oospec.training.rows import job_for
 
 # Highest first: among settings that tie, the higher threshold (more plain answers spared a hint) comes first.
@@ -174,12 +174,11 @@ def write_tuning(adapter: str | Path, result: dict, traces_path: str | Path, che
 
 
 def format_grid(result: dict) -> str:
-    pct = lambda x: "–" if x is None else f"{100 * x:.1f}%"  # noqa: E731
-    lines = ["| min_call_probability | rank_by | prior_weight | full-call agreement | function accuracy "
-             "| call or none | missed calls | |", "|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = [("| min_call_probability | rank_by | prior_weight | full-call agreement | function accuracy "
+              "| call or none | missed calls | |"), "|---:|---|---:|---:|---:|---:|---:|---|"]
     for g in result["grid"]:
         mark = "chosen" if all(g[k] == v for k, v in result["chosen"].items()) else ""
         lines.append(f"| {g['min_call_probability']} | {g['rank_by']} | {g['prior_weight']} "
-                     f"| {pct(g['full_call_agreement'])} | {pct(g['function_accuracy'])} "
-                     f"| {pct(g['call_decision_accuracy'])} | {g['missed_calls']} of {g['n']} | {mark} |")
+                     f"| {format_percent(g['full_call_agreement'])} | {format_percent(g['function_accuracy'])} "
+                     f"| {format_percent(g['call_decision_accuracy'])} | {g['missed_calls']} of {g['n']} | {mark} |")
     return "\n".join(lines)
