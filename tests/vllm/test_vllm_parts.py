@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 from fake_runner import FakeRunner, tool_script, vllm_config
+from helpers import WEATHER
 from oospec.integrations.vllm.batch import DraftingSettings
 from oospec.integrations.vllm.bench import summarize
+from oospec.integrations.vllm.calls import json_calls, may_be_json_call
+from oospec.integrations.vllm.context import context_from_extra_args, context_json, xargs_with_context
 from oospec.integrations.vllm.oracle import OracleBatch
 from oospec.integrations.vllm.proposer import OospecProposer
 from oospec.integrations.vllm.request_state import Row
@@ -92,3 +95,48 @@ def test_summary_against_no_speculation_in_the_same_run():
     assert s["oospec"] == {"n": 1, "tau": 2.0, "e2e_speedup": 2.0, "decode_speedup": 2.0, "oracle_fraction": 0.833,
                            "identical_rate": 1.0, "throughput_tok_s": 0.3}
     assert s["ngram"]["identical_rate"] == 0.0 and s["none"]["e2e_speedup"] == 1.0
+
+
+def test_json_calls_bare_or_fenced_complete_and_of_the_requests_tools():
+    names = {"get_weather", "math.pow"}
+    fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
+    assert json_calls(fenced, names) == [("get_weather", {"city": "Paris"})]
+    two = '{"name": "math.pow", "parameters": {"base": 2}}\n{"name": "get_weather", "arguments": {}}'
+    assert json_calls(two, names) == [("math.pow", {"base": 2}), ("get_weather", {})]
+    assert json_calls(fenced[:40], names) == []  # half an object is not a call yet
+    assert json_calls('{"name": "rm_rf", "arguments": {}}', names) == []  # not one of the request's tools
+    assert json_calls('{"name": "get_weather", "arguments": "x"}', names) == []
+    assert json_calls("It is sunny.", names) == []
+    assert may_be_json_call("  ``") and may_be_json_call("{") and not may_be_json_call("Sure") \
+        and not may_be_json_call(" ")
+
+
+def test_the_tool_parser_route_puts_the_clients_context_into_extra_args():
+    class Model:  # stands in for vLLM's pydantic request parts
+        def model_dump(self, mode, exclude_none):
+            return {"type": "function", "function": WEATHER["function"]}
+
+    one_shot = iter([{"type": "function", "function": {"name": "get_weather", "arguments": "{}"}}])
+    messages = [{"role": "user", "content": "weather?"}, {"role": "assistant", "tool_calls": one_shot}]
+    xargs = xargs_with_context({"keep": 1}, [Model()], messages, "auto")
+    ctx = context_from_extra_args(xargs)
+    assert xargs["keep"] == 1 and [t.name for t in ctx.tools] == ["get_weather"] and ctx.tool_choice == "auto"
+    assert ctx.messages[1]["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert xargs_with_context(None, None, messages) == {}  # no tools: nothing to draft from, nothing sent
+    own = {"oospec": context_json([WEATHER], None, dialect="apibank")}
+    assert xargs_with_context(own, [Model()], messages) == own  # what the client sent itself is kept
+
+
+def test_the_context_log_says_where_each_requests_context_came_from(smollm2_path, tok_module, tmp_path):
+    log = tmp_path / "context.jsonl"
+    proposer = OospecProposer(vllm_config(str(smollm2_path)))
+    proposer.settings = DraftingSettings.from_env({"OOSPEC_VLLM_CONTEXT_LOG": str(log)})
+    runner = FakeRunner(proposer)
+    runner.load_model()
+    runner.add("sent", tool_script(tok_module))
+    runner.add("read", tool_script(tok_module, city="Oslo", with_context=False))
+    runner.step()
+    lines = {d["req_id"]: d for d in map(json.loads, log.read_text().splitlines())}
+    assert lines["sent"]["source"] == "extra_args" and lines["read"]["source"] == "prompt"
+    assert lines["sent"]["tools"] == lines["read"]["tools"] == ["get_weather"]
+    assert lines["sent"]["messages"] == [{"role": "user", "content": "What is the weather in Paris in celsius?"}]

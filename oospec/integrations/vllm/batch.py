@@ -8,6 +8,7 @@ gets an empty draft from then on, and the error is logged once per kind: draftin
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,9 @@ class DraftingSettings:
     cost_curve: str | None = None
     sidecar: bool = False  # OOSPEC_VLLM_SIDECAR=1: start the sidecar process and draft with its hints
     sidecar_cores: tuple[int, ...] | None = None  # OOSPEC_VLLM_SIDECAR_CORES=2,3: where the sidecar runs
+    # OOSPEC_VLLM_CONTEXT_LOG: a JSONL file that gets, per request, where its context came from and what it
+    # was (a check that the client's tools reach the proposer; off unless set)
+    context_log: str | None = None
 
     @classmethod
     def from_env(cls, env=os.environ) -> DraftingSettings:
@@ -44,7 +48,8 @@ class DraftingSettings:
         return cls(memory_path=env.get("OOSPEC_VLLM_MEMORY") or None,
                    cost_curve=env.get("OOSPEC_VLLM_COST_CURVE") or None,
                    sidecar=env.get("OOSPEC_VLLM_SIDECAR", "0") not in ("", "0", "false", "no"),
-                   sidecar_cores=tuple(int(c) for c in cores.split(",")) if cores else None)
+                   sidecar_cores=tuple(int(c) for c in cores.split(",")) if cores else None,
+                   context_log=env.get("OOSPEC_VLLM_CONTEXT_LOG") or None)
 
     def cost_model(self) -> CostModel:
         return CostModel.from_json(self.cost_curve) if self.cost_curve else default_cost_model()
@@ -108,9 +113,15 @@ class BatchDrafter:
 
     def _request(self, row: Row) -> Request:
         prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
-        context = context_from_extra_args(row.extra_args)
+        context, source = context_from_extra_args(row.extra_args), "extra_args"
         if context is None or context.tools is None:
-            context = context_from_prompt(self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False))
+            context, source = context_from_prompt(self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)), \
+                "prompt"
+        if self.settings.context_log:
+            with open(self.settings.context_log, "a") as f:
+                f.write(json.dumps({"req_id": row.req_id, "source": source,
+                                    "tools": [t.name for t in context.tools or ()], "messages": context.messages,
+                                    "tool_choice": context.tool_choice}, ensure_ascii=False, default=str) + "\n")
         return Request(prompt_ids=prompt, eos_ids=self.eos_ids | row.stop_ids, tokenizer=self.tokenizer,
                        messages=context.messages, tools=context.tools, dialect=context.dialect,
                        tools_in_prompt=context.tools_in_prompt)

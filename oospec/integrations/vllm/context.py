@@ -93,3 +93,23 @@ def _openai_tools(specs: Any) -> list[Tool] | None:
         return tools_from_openai(specs)
     except Exception:  # a schema oospec cannot read: draft without it rather than fail the request
         return None
+
+
+def xargs_with_context(xargs: dict | None, tools: Any, messages: Any, tool_choice: Any = None) -> dict:
+    """A request's `vllm_xargs` with its context added under EXTRA_ARGS_KEY (the tool-parser plugin's route).
+    A context the client sent itself is kept; a request without tools gets none (nothing to draft from)."""
+    out = dict(xargs or {})
+    if EXTRA_ARGS_KEY not in out and tools:
+        out[EXTRA_ARGS_KEY] = json.dumps({"tools": tools, "messages": messages, "tool_choice": tool_choice,
+                                          "dialect": None}, ensure_ascii=False, default=_jsonable)
+    return out
+
+
+def _jsonable(obj: Any) -> Any:
+    """vLLM's request objects as plain JSON: pydantic models dumped, lazy iterables (pydantic keeps an
+    assistant message's tool_calls as a one-shot iterator) listed."""
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json", exclude_none=True)
+    if hasattr(obj, "__iter__") and not isinstance(obj, str | bytes):
+        return list(obj)
+    return str(obj)
