@@ -295,3 +295,15 @@ def test_items_selects_exactly_those_ids_in_dataset_order():
     assert [s.id for s in chosen] == [all_items[2].id, all_items[9].id]
     with pytest.raises(BenchError, match="--items not in these datasets: nope"):
         load_datasets(BenchConfig(datasets=["apibank"], split="1", items=ids + ["nope"]))
+
+
+def test_command_line_keeps_items_and_the_secondary_baseline_choice():
+    from oospec.cli import build_parser
+
+    cfg = BenchConfig(datasets=["apibank:1"], methods=["ar", "oospec"], items=["apibank-l1-2", "apibank-l1-9"],
+                      secondary_baseline=False)
+    line = bench_run.command_line(cfg)
+    assert "--items apibank-l1-2,apibank-l1-9" in line and "--no-secondary-baseline" in line
+    args = build_parser().parse_args(line.split()[1:])
+    assert args.items == "apibank-l1-2,apibank-l1-9" and args.no_secondary_baseline
+    assert "--no-secondary-baseline" not in bench_run.command_line(BenchConfig(datasets=["apibank:1"]))

@@ -92,3 +92,15 @@ def test_training_stopped_and_resumed_ends_where_an_uninterrupted_run_ends(smol,
     other = train(traces, tmp_path / "split", TrainConfig(**{**cfg.__dict__, "lr": 2e-3}), model=copy.deepcopy(model),
                   tokenizer=tok, progress=False, max_steps=1)
     assert other["steps"] == 1
+
+
+def test_shipped_gzipped_traces_read_as_plain_ones(tmp_path):
+    import gzip
+
+    from oospec.training.traces import read_traces
+
+    lines = [json.dumps(_trace("a", ["t1"])), "{cut short", json.dumps(_trace("b", []))]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
+    plain, packed = read_traces(tmp_path / "t.jsonl"), read_traces(tmp_path / "t.jsonl.gz")
+    assert plain == packed and [t["id"] for t in packed] == ["a", "b"]  # the cut line is skipped, not fatal

@@ -30,6 +30,9 @@ class BenchConfig:
     offset: int = 0  # skip the first N items of each dataset (before held_out_only and limit)
     held_out_only: bool = False  # drop the items the sidecar adapter was trained on (else they are refused)
     items: list[str] = field(default_factory=list)  # only these item ids (e.g. another run's), before offset
+    # ar at the target's share of the cores beside sidecar methods (the report's secondary column); off, a run
+    # that only needs tau and identity costs a third less
+    secondary_baseline: bool = True
     max_new_tokens: int = 128
     budget: int = 16
     # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see

@@ -73,7 +73,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         datasets = load_datasets(cfg, exclude=trained_item_filter(adapter) if cfg.held_out_only else None)
         trained = check_trained_items(datasets, adapter, cfg.allow_trained_items)
         cores = plan_cores(cfg, torch.get_num_threads(), with_sidecar)
-        if cores.target != cores.total and TARGET_THREADS not in names:
+        if cores.target != cores.total and TARGET_THREADS not in names and cfg.secondary_baseline:
             names.insert(1, TARGET_THREADS)  # the baseline of the secondary column
         out = Path(cfg.out) if cfg.out else default_out_dir([*cfg.datasets, *cfg.data])
         out.mkdir(parents=True, exist_ok=True)
@@ -375,6 +375,10 @@ def command_line(cfg: BenchConfig) -> str:
         parts.append("--held-out-only")
     if cfg.limit is not None:
         parts += ["--limit", str(cfg.limit)]
+    if cfg.items:
+        parts += ["--items", ",".join(cfg.items)]
+    if not cfg.secondary_baseline:
+        parts.append("--no-secondary-baseline")
     parts += ["--max-new-tokens", str(cfg.max_new_tokens), "--budget", str(cfg.budget)]
     if cfg.temperature > 0:
         parts += ["--temperature", f"{cfg.temperature:g}", "--top-p", f"{cfg.top_p:g}", "--top-k", str(cfg.top_k),

@@ -62,6 +62,7 @@ def cmd_bench_run(args) -> None:
         methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
         offset=args.offset, held_out_only=args.held_out_only,
         items=[i.strip() for i in (args.items or "").split(",") if i.strip()],
+        secondary_baseline=not args.no_secondary_baseline,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
@@ -117,6 +118,8 @@ def add_bench_parser(sub) -> None:
                    help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
     p.add_argument("--items", default=None, metavar="ID,ID",
                    help="only these item ids (another run's items, in each dataset's order)")
+    p.add_argument("--no-secondary-baseline", action="store_true",
+                   help="skip ar at the target's share of the cores beside sidecar methods (the secondary column)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_budget_option(p)
     add_sampling_options(p, "0: greedy; > 0: every method samples, `ar` plainly, the others speculatively, with "

@@ -27,8 +27,14 @@ def read_traces(path: str | Path) -> list[dict]:
     path = Path(path)
     if not path.exists():
         return []
+    if path.suffix == ".gz":  # shipped traces are gzipped (`gzip -n`: the same bytes on every machine)
+        import gzip
+
+        text = gzip.decompress(path.read_bytes()).decode("utf-8")
+    else:
+        text = path.read_text(encoding="utf-8")
     out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         if line.strip():
             try:
                 out.append(json.loads(line))
