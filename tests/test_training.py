@@ -10,28 +10,8 @@ from oospec.datasets import load_dataset
 from oospec.sidecar.predictor import TaskFormat
 from oospec.tools.dialects import validate
 from oospec.training.rows import job_for, rows_for, value_completion
-from oospec.training.split import split_by_tool, synthetic_requests
+from oospec.training.split import synthetic_requests
 from oospec.training.traces import trace_record
-
-
-def test_split_keeps_heldout_tools_out_of_training():
-    samples = load_dataset("apibank", split="1") + load_dataset("toolalpaca")
-    bench = {c.name for s in load_dataset("apibank", split="1", limit=8) for c in s.gold}
-    split = split_by_tool(samples, 0.3, seed=1, always_heldout=sorted(bench))
-    called = lambda ss: {c.name for s in ss for c in s.gold or []}  # noqa: E731
-    assert bench <= set(split.heldout_tools)
-    assert not called(split.train) & set(split.heldout_tools)
-    # The two tool lists divide every called tool between them, and every request with a call lands on exactly
-    # one side. A held-out request may call a training tool too (requests with several calls), never only those.
-    assert set(split.train_tools) | set(split.heldout_tools) == called(samples)
-    assert set(split.train_tools).isdisjoint(split.heldout_tools)
-    assert len(split.train) + len(split.heldout) == sum(1 for s in samples if called([s]))
-    assert all(called([s]) & set(split.heldout_tools) for s in split.heldout)
-    assert split.train and split.heldout
-    again = split_by_tool(samples, 0.3, seed=1, always_heldout=sorted(bench))
-    assert again.heldout_tools == split.heldout_tools  # deterministic given the seed
-    manifest = split.manifest(1, {})
-    assert set(manifest["train_tools"]).isdisjoint(manifest["heldout_tools"])
 
 
 def test_synthetic_requests_are_valid_calls_of_training_tools():

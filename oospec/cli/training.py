@@ -34,6 +34,7 @@ def cmd_split(args) -> None:
     from collections import Counter
 
     from oospec.sidecar.process import resolve_adapter
+    from oospec.training.evaluate import source_of
     from oospec.training.pool import pool_sources
     from oospec.training.split import (PARTS, adapter_trained_tools, benchmark_tools, split_traces,
                                        write_trace_split)
@@ -53,7 +54,7 @@ def cmd_split(args) -> None:
     paths = write_trace_split(split, args.out, teacher=pool.get("teacher"), pool=pool,
                               init_adapter=Path(init).name if init else None)
     for part in PARTS:
-        by = Counter(t["id"].rsplit("_", 1)[0] if t["dataset"] == "bfcl" else t["dataset"] for t in split.traces[part])
+        by = Counter(source_of(t) for t in split.traces[part])
         print(f"{part}: {len(split.traces[part])} traces, {len(split.tools[part])} tools  {dict(sorted(by.items()))}")
     print(f"dropped {len(split.dropped)}; files in {paths['manifest'].parent}")
 

@@ -1,5 +1,5 @@
-"""Training, validation and test requests, split by tool (`split_traces`); the earlier two-way split of gold calls
-(`build_split`) and synthetic requests from the training tools' schemas.
+"""Training, validation and test requests, split by the teacher's tools (`split_traces`), and synthetic
+requests from tools' schemas (for tests and experiments; the shipped adapters' data has none).
 
 Tools used for training never appear as the called tool of a held-out item, so held-out agreement measures
 how the sidecar does on tools it has never been trained on. The held-out tools always include those of the
@@ -13,7 +13,7 @@ import hashlib
 import json
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from oospec.datasets import Sample
@@ -23,47 +23,8 @@ from oospec.tools.schema import Param, Tool
 SYSTEM = "You are a helpful assistant that calls tools when a request needs one."
 
 
-@dataclass
-class Split:
-    train_tools: list[str]
-    heldout_tools: list[str]
-    train: list[Sample] = field(default_factory=list)
-    heldout: list[Sample] = field(default_factory=list)
-    synthetic: list[Sample] = field(default_factory=list)
-
-    def manifest(self, seed: int, sources: dict) -> dict:
-        return {"seed": seed, "sources": sources, "train_tools": sorted(self.train_tools),
-                "heldout_tools": sorted(self.heldout_tools),
-                "train_items": [s.id for s in self.train], "heldout_items": [s.id for s in self.heldout],
-                "synthetic_items": len(self.synthetic),
-                "rule": "an item is held out if it calls a held-out tool, trained on if it calls only training "
-                        "tools; synthetic requests use training tools only"}
-
-
-def _called(sample: Sample) -> set[str]:
-    return {c.name for c in sample.gold or []}
-
-
 def _rank(name: str, seed: int) -> str:
     return hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
-
-
-def split_by_tool(samples: Sequence[Sample], heldout_fraction: float = 0.3, seed: int = 0,
-                  always_heldout: Sequence[str] = ()) -> Split:
-    tools = sorted({n for s in samples for n in _called(s)})
-    n_held = max(len(set(always_heldout)), round(heldout_fraction * len(tools)))
-    order = sorted((t for t in tools if t not in always_heldout), key=lambda t: _rank(t, seed))
-    held = set(always_heldout) | set(order[: max(0, n_held - len(set(always_heldout)))])
-    split = Split(sorted(set(tools) - held), sorted(held))
-    for s in samples:
-        called = _called(s)
-        if not called:
-            continue
-        if called & held:
-            split.heldout.append(s)
-        else:
-            split.train.append(s)
-    return split
 
 
 # -- synthetic requests --------------------------------------------------------------------------------------
@@ -125,32 +86,6 @@ def synthetic_requests(tools: Sequence[Tool], per_tool: int = 4, seed: int = 0, 
             out.append(Sample(id=f"synthetic-{tool.name}-{k}", dataset="synthetic", messages=messages, tools=offered,
                               gold=[ToolCall(tool.name, args)], dialect="hermes", meta={"synthetic": True}))
     return out
-
-
-def write_manifest(split: Split, path: str | Path, seed: int, sources: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps(split.manifest(seed, sources), indent=1) + "\n")
-
-
-def build_split(seed: int, heldout_fraction: float, bench_items: int, synthetic_per_tool: int) -> Split:
-    """The sidecar's training split: API-Bank (levels 1-3) and ToolAlpaca split by tool, the tools of the first
-    `bench_items` API-Bank level-1 benchmark items always held out, plus synthetic requests for the training
-    tools."""
-    from oospec.datasets import load_dataset
-
-    apibank = [s for lvl in ("1", "2", "3") for s in load_dataset("apibank", split=lvl)]
-    toolalpaca = load_dataset("toolalpaca")
-    bench_tools = {c.name for s in load_dataset("apibank", split="1", limit=bench_items) for c in s.gold or []}
-    split = split_by_tool(apibank + toolalpaca, heldout_fraction, seed, always_heldout=sorted(bench_tools))
-    train_tools = {n for n in split.train_tools}
-    seen, pool = set(), []
-    for s in split.train:
-        for t in s.tools:
-            if t.name in train_tools and t.name not in seen:
-                seen.add(t.name)
-                pool.append(t)
-    split.synthetic = synthetic_requests(pool, per_tool=synthetic_per_tool, seed=seed)
-    return split
 
 
 # -- the split of teacher traces (data manifest version 2) ---------------------------------------------------
