@@ -136,8 +136,20 @@ def test_all_bfcl_functions_parse():
                 assert tools_from_openai([to_openai(t)])[0] == t
             n += len(tools)
         counts[f.stem] = n
-    assert counts == {"BFCL_v4_multiple": 557, "BFCL_v4_parallel": 200, "BFCL_v4_parallel_multiple": 520,
-                      "BFCL_v4_simple_python": 400}
+    assert counts == {"BFCL_v4_irrelevance": 240, "BFCL_v4_multiple": 557, "BFCL_v4_parallel": 200,
+                      "BFCL_v4_parallel_multiple": 520, "BFCL_v4_simple_java": 100,
+                      "BFCL_v4_simple_javascript": 50, "BFCL_v4_simple_python": 400}
+
+
+def test_a_blank_type_is_inferred_like_a_missing_one():
+    # BFCL simple_javascript_23 ships `"type": ""` for a nested property; one blank field must not lose the tool.
+    def tool(issuer):
+        return {"name": "t", "parameters": {"type": "object", "properties": {
+            "options": {"type": "dict", "properties": {"issuer": issuer, "role": {"type": "string"}}}}}}
+    blank, missing = (tools_from_openai([tool(s)])[0] for s in ({"type": " "}, {"description": "d"}))
+    assert blank.parameters[0].properties[0].type == missing.parameters[0].properties[0].type == "any"
+    with pytest.raises(SchemaError, match="unknown|not"):
+        tools_from_openai([tool({"type": "strnig"})])
 
 
 # --------------------------------------------------------------------------------------------------

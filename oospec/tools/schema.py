@@ -181,7 +181,9 @@ def param_from_json_schema(name: str, schema: Any, where: str) -> Param:
         ptype = kinds[0] if len(kinds) == 1 else ("null" if not kinds else "any")
         if len(kinds) > 1:
             extra["type"] = list(raw_type)  # keep the union for to_openai
-    elif raw_type is None:
+    elif raw_type is None or (isinstance(raw_type, str) and not raw_type.strip()):
+        # A blank type says as little as a missing one (BFCL simple_javascript_23 has `"type": ""`), so
+        # both are inferred from the rest of the schema rather than failing the whole tool list.
         union = schema.get("anyOf") or schema.get("oneOf")
         if isinstance(union, list) and union and all(isinstance(u, Mapping) for u in union):
             kinds = [normalize_type(u["type"], where=where)[0] if isinstance(u.get("type"), str) else "any"
