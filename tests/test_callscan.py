@@ -1,8 +1,11 @@
 """The call scanner: where a tool call being written stands, and the structure that may follow it."""
 
+import json
+
 from helpers import APIBANK_TOOLS
 
 from oospec.tools.callscan import CallScanner, Habits, structure_continuations
+from oospec.tools.render import CallRenderer
 
 
 def test_callscan_tracks_states():
@@ -40,3 +43,37 @@ def test_unknown_tool_name_proposes_nothing_for_arguments():
     scan = CallScanner(Habits().style)
     scan.feed('{"name": "NoSuchTool", "parameters": {"x": "1"')
     assert structure_continuations(scan, APIBANK_TOOLS, Habits(), "parameters", ()) == []
+
+
+def test_a_pretty_printing_target_is_followed_from_its_first_indented_line():
+    # Habits learned from an inline call (one client's prompt), then a request where the target pretty-prints
+    # (json.dumps(indent=2), as Qwen2.5-Coder does for BFCL): depths and closing braces not seen yet in this
+    # request are drafted by the indentation rule, not by the stale inline habits.
+    habits = Habits()
+    CallScanner(habits.style).feed('{"name": "CancelRegistration", "parameters": {"appointment_id": "1"}}')
+    assert habits.style.indent is None and habits.style.ws(",", 2) == " "
+    scan = CallScanner(habits.style)
+    scan.feed('```json\n{')
+    assert habits.style.indent is None  # a brace followed by nothing yet decides nothing
+    scan.feed('\n  "name": "ModifyRegistration",')
+    assert habits.style.indent == 2
+    conts = structure_continuations(scan, APIBANK_TOOLS, habits, "parameters", ())
+    assert conts[0].text == '\n  "parameters": {'
+    scan.feed('\n  "parameters": {')
+    conts = structure_continuations(scan, APIBANK_TOOLS, habits, "parameters", ())
+    assert conts[0].text == '\n    "appointment_id": "'  # depth 2, never seen indented: the rule
+    scan.feed('\n    "appointment_id": "34567890"')
+    conts = structure_continuations(scan, APIBANK_TOOLS, habits, "parameters", ())
+    assert conts[0].text == ',\n    "new_appointment_date": "'
+    # An inline array inside a pretty-printed call does not switch the rule off.
+    scan.feed(', "tags": [1, 2]')
+    assert habits.style.indent is None  # the comma before "tags" was inline: the newest object-level sign wins
+    scan.feed(',\n    "x": [1, 2],\n    "')
+    assert habits.style.indent == 2
+    args = {"appointment_id": "1", "when": {"day": 3, "slots": [1, 2]}}
+    rendered = CallRenderer(habits.style, "parameters").call("ModifyRegistration", args)
+    assert rendered == json.dumps({"name": "ModifyRegistration", "parameters": args}, indent=2)
+    # And back: an inline call afterwards is drafted inline again.
+    CallScanner(habits.style).feed('{"name": "CancelRegistration", "parameters": {"appointment_id": "1"}}')
+    assert habits.style.indent is None
+    assert CallRenderer(habits.style, "parameters").call("C", {"a": 1}) == '{"name": "C", "parameters": {"a": 1}}'

@@ -124,9 +124,9 @@ class CallScanner:
         frame = self.stack[-1]
         # First visible character after whitespace: learn what this target writes there.
         if kind == CLOSE:
-            self.style.before_close[self.depth] = self.ws
+            self.style.learn_close(self.depth, self.ws)
         elif self.last_punct:
-            self.style.after[(self.last_punct, self.depth)] = self.ws
+            self.style.learn_after(self.last_punct, self.depth, self.ws, in_object=frame.bracket == "{")
         self.last_punct = ""
         self.ws = ""
         if frame.role == "args" and frame.expect == "value" and self.arg_value_start is None:

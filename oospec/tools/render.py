@@ -25,16 +25,39 @@ def to_json(value: Any) -> str:
 
 @dataclass
 class Style:
-    """Whitespace the target writes around JSON punctuation, by nesting depth (1: the call object)."""
+    """Whitespace the target writes around JSON punctuation, by nesting depth (1: the call object).
+
+    Two ways to know it: what the target wrote at each (punctuation, depth) so far, and, once it is seen to
+    pretty-print (a newline and `k * depth` spaces after an opening brace or a comma, as `json.dumps(indent=k)`
+    writes), the indentation rule, which also covers depths and closing braces not seen yet. The newest
+    observation decides which applies, so a target whose last request was compact and whose new one is
+    pretty-printed (another client's prompt) is followed from its first indented line."""
 
     after: dict[tuple[str, int], str] = field(default_factory=dict)  # (punctuation, depth) -> whitespace
     before_close: dict[int, str] = field(default_factory=dict)
+    indent: int | None = None  # spaces a level while the target pretty-prints; None: it writes inline
+
+    def learn_after(self, punct: str, depth: int, ws: str, in_object: bool = True) -> None:
+        """`ws` came after `punct` at `depth`; `in_object`: a key follows (inline arrays inside a pretty-printed
+        call are common, so only objects decide whether the target pretty-prints)."""
+        self.after[(punct, depth)] = ws
+        if punct in "{," and depth > 0 and in_object:
+            spaces = ws[1:] if ws.startswith("\n") else None
+            pretty = spaces is not None and spaces.strip(" ") == "" and len(spaces) > 0 and len(spaces) % depth == 0
+            self.indent = len(spaces) // depth if pretty else None
+
+    def learn_close(self, depth: int, ws: str) -> None:
+        self.before_close[depth] = ws
 
     def ws(self, punct: str, depth: int) -> str:
+        if self.indent and punct in "{[,":
+            return "\n" + " " * (self.indent * depth)
         default = " " if punct in ",:" else ""
         return self.after.get((punct, depth), self.after.get((punct, 0), default))
 
     def close(self, depth: int) -> str:
+        if self.indent:
+            return "\n" + " " * (self.indent * (depth - 1))
         return self.before_close.get(depth, "")
 
 
@@ -65,9 +88,14 @@ class CallRenderer:
     def key(self, name: str, depth: int = 2) -> str:
         return to_json(name) + ":" + self.style.ws(":", depth)
 
-    def value(self, v: Any) -> str:
+    def value(self, v: Any, depth: int = 2) -> str:
+        """A whole value inside an object at `depth` (2: the arguments)."""
+        if self.style.indent:
+            # json.dumps(indent=k) indents nested lines from column 0; the value's own lines start `depth` levels in.
+            text = json.dumps(v, ensure_ascii=False, indent=self.style.indent)
+            return text.replace("\n", "\n" + " " * (self.style.indent * depth))
         ws = self.style.ws
-        return json.dumps(v, ensure_ascii=False, separators=("," + ws(",", 3), ":" + ws(":", 3)))
+        return json.dumps(v, ensure_ascii=False, separators=("," + ws(",", depth + 1), ":" + ws(":", depth + 1)))
 
     def item(self, key: str, v: Any) -> str:
         return self.key(key) + self.value(v)
