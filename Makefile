@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow bench-cost-curve clean vllm-env test-vllm
+.PHONY: venv demo test test-slow bench-cost-curve clean vllm-env vllm-suffix test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,19 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 vllm-env: $(VLLM_STAMP)
+
+# vLLM's `suffix` speculation needs arctic-inference, which PyPI has only as an sdist whose build asks for torch
+# (pip's isolated build would fetch a CUDA torch) and pins protobuf below vLLM's. So it is built in a throwaway
+# venv with the CPU torch and installed with --no-deps; the compiled suffix tree links no torch.
+ARCTIC_BUILD ?= /tmp/oospec-arctic-build
+vllm-suffix: vllm-env
+	$(PYTHON) -m venv $(ARCTIC_BUILD)
+	$(ARCTIC_BUILD)/bin/pip install --quiet 'torch==2.13.0' setuptools wheel ninja cmake 'nanobind==2.9.2' \
+	    'protobuf==5.29.6' grpcio-tools
+	PATH=$(ARCTIC_BUILD)/bin:$$PATH $(ARCTIC_BUILD)/bin/pip wheel --quiet --no-deps --no-build-isolation \
+	    --no-binary arctic-inference -w $(ARCTIC_BUILD)/wheel 'arctic-inference==0.3.0'
+	$(VLLM_PY) -m pip install --quiet --no-deps $(ARCTIC_BUILD)/wheel/arctic_inference-0.3.0-*.whl
+	$(VLLM_PY) -c "from arctic_inference.suffix_decoding import SuffixDecodingCache; print('arctic-inference ok')"
 
 # The fake-runner unit tests (also in `make test`) and real vLLM (real_vllm.py, which `make test` never collects).
 test-vllm: vllm-env

@@ -40,13 +40,17 @@ SHIPPED_ADAPTERS = {DEFAULT_SIDECAR: "qwen2.5-coder-0.5b-toolcalls"}
 
 
 def resolve_adapter(model: str, adapter: str | None) -> str | None:
-    """'auto': the shipped adapter for this base model if there is one; 'none'/None: no adapter; else a folder."""
+    """'auto': the shipped adapter for this base model if there is one; 'none'/None: no adapter; the name of a
+    shipped adapter (a folder of oospec/sidecar/adapters) that folder; else a folder."""
     if adapter in (None, "", "none"):
         return None
     if adapter == "auto":
         name = SHIPPED_ADAPTERS.get(model)
         path = ADAPTERS_DIR / name if name else None
         return str(path) if path is not None and (path / "adapter_config.json").is_file() else None
+    shipped = ADAPTERS_DIR / adapter
+    if not Path(adapter).exists() and "/" not in adapter and (shipped / "adapter_config.json").is_file():
+        return str(shipped)
     return adapter
 
 

@@ -140,3 +140,31 @@ def test_the_context_log_says_where_each_requests_context_came_from(smollm2_path
     assert lines["sent"]["source"] == "extra_args" and lines["read"]["source"] == "prompt"
     assert lines["sent"]["tools"] == lines["read"]["tools"] == ["get_weather"]
     assert lines["sent"]["messages"] == [{"role": "user", "content": "What is the weather in Paris in celsius?"}]
+
+
+def test_bench_vllm_runs_none_first_and_the_concurrent_subset(monkeypatch, tmp_path):
+    """Which settings run at which concurrency, and in which order (none first: the oracle reads its output)."""
+    from types import SimpleNamespace
+
+    from oospec.integrations.vllm import bench
+
+    ran = []
+
+    def fake_run(setting, conc, args, out, reference):
+        ran.append((setting, conc, reference.name if reference else None))
+        path = out / f"{setting}@{conc}.json"
+        item = {"dataset": "apibank", "tokens": [1, 2], "e2e_s": 1.0, "decode_s": 0.5, "tau": 1.0}
+        path.write_text(json.dumps({"wall_s": 1.0, "items": {"a": item}}))
+        return path
+
+    monkeypatch.setattr(bench, "run_setting", fake_run)
+    monkeypatch.setattr(bench, "plot", lambda summary, path: None)
+    args = SimpleNamespace(settings="oracle,ngram,none", concurrent_settings="ngram", dataset=None,
+                           concurrency=8, out=str(tmp_path))
+    bench.cmd_bench_vllm(args)
+    assert ran == [("none", 1, None), ("oracle", 1, "none@1.json"), ("ngram", 1, "none@1.json"),
+                   ("none", 8, None), ("ngram", 8, "none@8.json")]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert set(summary["apibank"]) == {"none", "oracle", "ngram", "none@8", "ngram@8"}
+    with pytest.raises(SystemExit, match="unknown setting"):
+        bench.parse_settings("none,eagle")

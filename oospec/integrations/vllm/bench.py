@@ -25,7 +25,7 @@ DEFAULT_SETTINGS = "none,ngram,oospec,oospec-sidecar,oracle"
 def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path | None) -> Path:
     path = out / f"{setting}@{concurrency}.json"
     cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", "--setting", setting, "--model", args.model,
-           "--limit", str(args.limit), "--dtype", args.dtype, "--k", str(args.k), "--concurrency", str(concurrency),
+           "--limit", str(args.limit), "--offset", str(args.offset), "--dtype", args.dtype, "--k", str(args.k), "--concurrency", str(concurrency),
            "--max-tokens", str(args.max_tokens), "--out", str(path)]
     for name in args.dataset:
         cmd += ["--dataset", name]
@@ -88,19 +88,25 @@ def plot(summary: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def cmd_bench_vllm(args) -> None:
-    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+def parse_settings(text: str) -> list[str]:
+    """A comma list of settings, `none` (the reference of every speed-up) first."""
+    settings = [s.strip() for s in text.split(",") if s.strip()]
     unknown = [s for s in settings if s not in SETTINGS]
     if unknown:
         raise SystemExit(f"unknown setting(s) {unknown}; choose from {', '.join(SETTINGS)}")
-    settings = ["none"] + [s for s in settings if s != "none"]
+    return ["none"] + [s for s in dict.fromkeys(settings) if s != "none"]
+
+
+def cmd_bench_vllm(args) -> None:
+    settings = parse_settings(args.settings)
+    concurrent = parse_settings(args.concurrent_settings) if args.concurrent_settings else settings
     args.dataset = args.dataset or ["apibank:1"]
     out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-vllm")
     out.mkdir(parents=True, exist_ok=True)
     runs = {}
     for conc in sorted({1, args.concurrency}):
         reference = None
-        for setting in settings:
+        for setting in settings if conc == 1 else concurrent:
             path = run_setting(setting, conc, args, out, reference)
             if setting == "none":
                 reference = path
@@ -117,10 +123,14 @@ def add_vllm_bench_parser(bench) -> None:
     p.add_argument("--model", required=True, help="a Hugging Face folder (`oospec models pull` gives one)")
     p.add_argument("--dataset", action="append", help="repeatable, name:split (default apibank:1)")
     p.add_argument("--limit", type=int, default=20, help="chats per dataset")
+    p.add_argument("--offset", type=int, default=0,
+                   help="skip the first N chats of each dataset (8: API-Bank's items used in development)")
     p.add_argument("--settings", default=DEFAULT_SETTINGS, help=f"comma list of {', '.join(SETTINGS)}")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     p.add_argument("--concurrency", type=int, default=8, help="the concurrent runs' requests in flight")
+    p.add_argument("--concurrent-settings", default=None, metavar="A,B",
+                   help="the settings run at --concurrency (default: --settings); none always runs")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile: quicker start, slower steps")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-vllm)")

@@ -1,6 +1,6 @@
 """Generate a dataset's chats in real vLLM with one speculation setting; write ids and timings as JSON.
 
-    python -m oospec.integrations.vllm.run --setting none|ngram|oospec|oospec-sidecar|oracle|adversarial \
+    python -m oospec.integrations.vllm.run --setting none|ngram|suffix|oospec|oospec-sidecar|oracle|adversarial \
         --model <folder> --dataset apibank:1 --limit 20 --out run.json
 
 One setting per process: vLLM's engine is only fully torn down with its process (vLLM spawns it, so this
@@ -24,6 +24,7 @@ PROPOSERS = "oospec.integrations.vllm"
 SETTINGS = {  # name -> (speculative method, custom class, extra environment of vLLM's worker)
     "none": (None, None, {}),
     "ngram": ("ngram", None, {}),
+    "suffix": ("suffix", None, {}),  # needs arctic-inference (`make vllm-suffix` builds it from its sdist)
     "oospec": ("custom_class", f"{PROPOSERS}.proposer.OospecProposer", {}),
     "oospec-sidecar": ("custom_class", f"{PROPOSERS}.proposer.OospecProposer", {"OOSPEC_VLLM_SIDECAR": "1"}),
     "oracle": ("custom_class", f"{PROPOSERS}.oracle.OracleProposer", {}),
@@ -31,13 +32,15 @@ SETTINGS = {  # name -> (speculative method, custom class, extra environment of 
 }
 
 
-def load_chats(datasets: list[str], limit: int):
+def load_chats(datasets: list[str], limit: int, offset: int = 0):
+    """`limit` chats of each dataset after its first `offset` (the bench's fresh items: past those used in
+    development)."""
     from oospec.datasets.loader import load_dataset
     from oospec.tools.schema import to_openai
 
     out = []
     for name in datasets:
-        for s in load_dataset(name, limit=limit):
+        for s in load_dataset(name, limit=offset + limit)[offset:]:
             context = {"tools": [to_openai(t) for t in s.tools], "messages": s.messages, "dialect": s.dialect}
             out.append((s, context if len(out) % 2 == 0 else None))
     return out
@@ -49,6 +52,8 @@ def speculative_config(setting: str, k: int) -> dict | None:
         return None
     if method == "ngram":
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
+    if method == "suffix":  # vLLM's defaults otherwise (tree depth 24, min token probability 0.1)
+        return {"method": "suffix", "num_speculative_tokens": k}
     return {"method": method, "model": cls, "num_speculative_tokens": k}
 
 
@@ -58,6 +63,7 @@ def main(argv=None) -> None:
     ap.add_argument("--model", required=True, help="a Hugging Face folder (`oospec models pull`)")
     ap.add_argument("--dataset", action="append", default=None, help="repeatable; default apibank:1")
     ap.add_argument("--limit", type=int, default=20, help="chats per dataset")
+    ap.add_argument("--offset", type=int, default=0, help="skip the first N chats of each dataset")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
@@ -84,7 +90,7 @@ def main(argv=None) -> None:
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0, speculative_config=spec,
               enable_prefix_caching=False, disable_log_stats=False, enforce_eager=args.enforce_eager, **spec_metrics)
     tok = llm.get_tokenizer()
-    chats = load_chats(args.dataset or ["apibank:1"], args.limit)
+    chats = load_chats(args.dataset or ["apibank:1"], args.limit, args.offset)
     prompts, params, ids, datasets = [], [], [], []
     for sample, context in chats:
         prompts.append(TokensPrompt(prompt_token_ids=tok.encode(sample.prompt_text(tok), add_special_tokens=False)))
