@@ -104,3 +104,13 @@ def test_shipped_gzipped_traces_read_as_plain_ones(tmp_path):
     (tmp_path / "t.jsonl.gz").write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0))
     plain, packed = read_traces(tmp_path / "t.jsonl"), read_traces(tmp_path / "t.jsonl.gz")
     assert plain == packed and [t["id"] for t in packed] == ["a", "b"]  # the cut line is skipped, not fatal
+
+
+def test_a_shipped_adapter_is_found_by_its_name(tmp_path):
+    from oospec.sidecar.process import ADAPTERS_DIR, resolve_adapter
+
+    assert resolve_adapter("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-toolcalls-v2") == str(
+        ADAPTERS_DIR / "qwen2.5-coder-0.5b-toolcalls-v2")
+    assert resolve_adapter("qwen2.5-coder-0.5b", "none") is None
+    assert resolve_adapter("qwen2.5-coder-0.5b", str(tmp_path)) == str(tmp_path)  # a folder stays itself
+    assert resolve_adapter("qwen2.5-coder-0.5b", "no-such-adapter") == "no-such-adapter"  # refused by the caller

@@ -168,3 +168,25 @@ def test_bench_vllm_runs_none_first_and_the_concurrent_subset(monkeypatch, tmp_p
     assert set(summary["apibank"]) == {"none", "oracle", "ngram", "none@8", "ngram@8"}
     with pytest.raises(SystemExit, match="unknown setting"):
         bench.parse_settings("none,eagle")
+
+
+def test_bench_vllm_resume_reuses_only_a_run_made_the_same_way(monkeypatch, tmp_path):
+    from types import SimpleNamespace
+
+    from oospec.integrations.vllm import bench
+    from oospec.integrations.vllm.run import run_identity
+
+    calls = []
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, check: calls.append(cmd))
+    args = SimpleNamespace(model="m", dataset=["apibank:1"], limit=20, offset=8, dtype="float32", k=8, max_tokens=128,
+                           enforce_eager=True, resume=True, concurrency=8)
+    same = {**run_identity(SimpleNamespace(**{**vars(args), "setting": "none", "concurrency": 1})), "items": {}}
+    (tmp_path / "none@1.json").write_text(json.dumps(same))
+    assert bench.run_setting("none", 1, args, tmp_path, None) == tmp_path / "none@1.json" and not calls
+    (tmp_path / "none@1.json").write_text(json.dumps({**same, "limit": 5}))  # another run: not reused
+    bench.run_setting("none", 1, args, tmp_path, None)
+    assert len(calls) == 1 and "--offset" in calls[0]
+    args.resume = False  # without --resume nothing is reused
+    (tmp_path / "none@1.json").write_text(json.dumps(same))
+    bench.run_setting("none", 1, args, tmp_path, None)
+    assert len(calls) == 2

@@ -16,8 +16,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
-from oospec.integrations.vllm.run import SETTINGS
+from oospec.integrations.vllm.run import SETTINGS, run_identity
 
 DEFAULT_SETTINGS = "none,ngram,oospec,oospec-sidecar,oracle"
 
@@ -33,6 +34,13 @@ def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path
         cmd += ["--reference", str(reference)]
     if args.enforce_eager:
         cmd.append("--enforce-eager")
+    if args.resume and path.is_file():
+        want = run_identity(SimpleNamespace(**{**vars(args), "setting": setting, "concurrency": concurrency}))
+        got = json.loads(path.read_text())
+        if {k: got.get(k) for k in want} == want:
+            print(f"[bench vllm] {setting} x{concurrency}: reusing {path}", file=sys.stderr, flush=True)
+            return path
+        print(f"[bench vllm] {setting} x{concurrency}: {path} was run otherwise; running again", file=sys.stderr)
     print(f"[bench vllm] {setting} x{concurrency}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     return path
@@ -134,4 +142,6 @@ def add_vllm_bench_parser(bench) -> None:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile: quicker start, slower steps")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-vllm)")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the output folder's runs made with the same settings (an interrupted bench goes on)")
     p.set_defaults(func=cmd_bench_vllm)

@@ -57,6 +57,14 @@ def speculative_config(setting: str, k: int) -> dict | None:
     return {"method": method, "model": cls, "num_speculative_tokens": k}
 
 
+def run_identity(args) -> dict:
+    """What makes two runs of one setting the same run: `oospec bench vllm --resume` reuses a file only if
+    this matches."""
+    return {"setting": args.setting, "model": str(args.model), "dtype": args.dtype, "k": args.k,
+            "concurrency": args.concurrency, "datasets": list(args.dataset or ["apibank:1"]), "limit": args.limit,
+            "offset": args.offset, "max_tokens": args.max_tokens, "enforce_eager": bool(args.enforce_eager)}
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--setting", choices=list(SETTINGS), required=True)
@@ -119,9 +127,7 @@ def main(argv=None) -> None:
             "decode_s": (m.last_token_ts - m.first_token_ts) if m else None,
             "tau": 1 + sum(j * h for j, h in enumerate(hist)) / steps if steps else 1.0,
         }
-    Path(args.out).write_text(json.dumps({"setting": args.setting, "model": args.model, "dtype": args.dtype,
-                                          "k": args.k, "concurrency": args.concurrency, "wall_s": wall_s,
-                                          "items": items}))
+    Path(args.out).write_text(json.dumps({**run_identity(args), "wall_s": wall_s, "items": items}))
     print(f"{args.setting}: {len(outs)} chats in {wall_s:.1f} s")
 
 
