@@ -25,15 +25,6 @@ DEFAULT_SETTINGS = "none,ngram,oospec,oospec-sidecar,oracle"
 
 def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path | None) -> Path:
     path = out / f"{setting}@{concurrency}.json"
-    cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", "--setting", setting, "--model", args.model,
-           "--limit", str(args.limit), "--offset", str(args.offset), "--dtype", args.dtype, "--k", str(args.k), "--concurrency", str(concurrency),
-           "--max-tokens", str(args.max_tokens), "--out", str(path)]
-    for name in args.dataset:
-        cmd += ["--dataset", name]
-    if setting == "oracle":
-        cmd += ["--reference", str(reference)]
-    if args.enforce_eager:
-        cmd.append("--enforce-eager")
     if args.resume and path.is_file():
         want = run_identity(SimpleNamespace(**{**vars(args), "setting": setting, "concurrency": concurrency}))
         got = json.loads(path.read_text())
@@ -41,6 +32,15 @@ def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path
             print(f"[bench vllm] {setting} x{concurrency}: reusing {path}", file=sys.stderr, flush=True)
             return path
         print(f"[bench vllm] {setting} x{concurrency}: {path} was run otherwise; running again", file=sys.stderr)
+    cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", "--setting", setting, "--model", args.model,
+           "--limit", str(args.limit), "--offset", str(args.offset), "--dtype", args.dtype, "--k", str(args.k),
+           "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens), "--out", str(path)]
+    for name in args.dataset:
+        cmd += ["--dataset", name]
+    if setting == "oracle":
+        cmd += ["--reference", str(reference)]
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
     print(f"[bench vllm] {setting} x{concurrency}", file=sys.stderr, flush=True)
     subprocess.run(cmd, check=True)
     return path
