@@ -35,7 +35,7 @@ import torch
 from torch import nn
 
 from oospec.engine.cpu_kernels import PackedLinear, optimize_for_cpu
-from oospec.engine.target import TargetBackend
+from oospec.engine.target import TargetBackend, cache_arg
 from oospec.engine.tree import TokenTree
 from oospec.models.random_init import random_model
 
@@ -214,7 +214,7 @@ class Bench:
         ids = torch.as_tensor(np.concatenate([[self.pending], tree.tokens])).view(1, -1)
         pos = torch.as_tensor(np.concatenate([[start], start + tree.depths])).view(1, -1)
         return t.model(input_ids=ids, position_ids=pos, attention_mask=t._tree_mask(tree, start), use_cache=True,
-                       cache=t._cache).logits[0]
+                       **cache_arg(t._cache)).logits[0]
 
 
 def section_curve(args, timer, var: Variants, bench: Bench, ks) -> dict:

@@ -8,6 +8,7 @@ are simply overwritten by the next step, so rejection costs nothing and the cach
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import numpy as np
@@ -15,6 +16,22 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from oospec.engine.tree import TokenTree
+
+
+def _cache_arg_name() -> str:
+    """The decoder forward's name for the KV cache: `cache` since transformers renamed it (5.2x),
+    `past_key_values` before (vLLM 0.32 pins transformers < 5.20, and oospec's sidecar runs in vLLM's environment)."""
+    from transformers.models.llama.modeling_llama import LlamaModel
+
+    return "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
+
+
+CACHE_ARG = _cache_arg_name()
+
+
+def cache_arg(cache: Cache) -> dict[str, Cache]:
+    """`model(..., **cache_arg(cache))` passes the cache under this transformers' name for it."""
+    return {CACHE_ARG: cache}
 
 
 class SlotLayer(CacheLayerMixin):
@@ -138,7 +155,7 @@ class TargetBackend:
             if a > start and between_chunks is not None:
                 between_chunks()
             out = self.model(input_ids=ids[:, a:b], position_ids=positions[:, a:b], use_cache=True, logits_to_keep=1,
-                             cache=self._cache)
+                             **cache_arg(self._cache))
             self._keep(None, b - a)
         return out.logits[0, -1]
 
@@ -166,7 +183,7 @@ class TargetBackend:
             position_ids=pos,
             attention_mask=self._tree_mask(tree, start),
             use_cache=True,
-            cache=self._cache,
+            **cache_arg(self._cache),
         )
         return out.logits[0]
 

@@ -9,7 +9,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from oospec.engine.prefix_cache import common_prefix_length
-from oospec.engine.target import SlotLayer
+from oospec.engine.target import SlotLayer, cache_arg
 
 
 class RowRunner:
@@ -43,7 +43,7 @@ class RowRunner:
                 layer.load(old.keys, old.values, reuse)
         x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
         out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
-                         cache=Cache(layers=layers), logits_to_keep=1)
+                         **cache_arg(Cache(layers=layers)), logits_to_keep=1)
         for layer in layers:
             layer.keep(None, n - reuse)
         self.prefix_ids, self._prefix_layers = ids, layers
@@ -82,7 +82,7 @@ class RowRunner:
         mask[:, 0, :, s:] = torch.where(torch.from_numpy(allowed), 0.0, self.neg).to(self.dtype)
         out = self.model(input_ids=torch.from_numpy(ids).to(self.device),
                          position_ids=torch.from_numpy(pos).to(self.device), attention_mask=mask.to(self.device),
-                         use_cache=True, cache=cache, logits_to_keep=0 if keep_all_logits else 1)
+                         use_cache=True, **cache_arg(cache), logits_to_keep=0 if keep_all_logits else 1)
         for layer in layers:
             layer.keep(None, width)
         logits = out.logits.float()
@@ -112,7 +112,7 @@ class RowRunner:
             step_mask = torch.where(torch.from_numpy(kv_real), 0.0, self.neg).to(self.dtype).view(r, 1, 1, -1)
             out = self.model(input_ids=torch.from_numpy(next_ids).view(r, 1).to(self.device),
                              position_ids=torch.from_numpy(next_pos + t).view(r, 1).to(self.device),
-                             attention_mask=step_mask.to(self.device), use_cache=True, cache=cache)
+                             attention_mask=step_mask.to(self.device), use_cache=True, **cache_arg(cache))
             for layer in layers:
                 layer.keep(None, 1)
             next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()

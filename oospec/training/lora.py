@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from oospec.engine.prefix_cache import common_prefix_length
+from oospec.engine.target import cache_arg
 from oospec.models.registry import DEFAULT_SIDECAR
 from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat
 from oospec.training.rows import RequestRows, rows_for
@@ -95,7 +96,7 @@ def request_loss(model, enc: Encoded) -> RequestLoss:
     cache = DynamicCache()
     with torch.no_grad():
         model(input_ids=torch.tensor([enc.shared]), position_ids=torch.arange(s)[None], use_cache=True,
-              cache=cache, logits_to_keep=1)
+              **cache_arg(cache), logits_to_keep=1)
     r = len(enc.rows)
     cache.batch_repeat_interleave(r)
     width = max(len(x) for x in enc.rows)
@@ -114,7 +115,7 @@ def request_loss(model, enc: Encoded) -> RequestLoss:
     dtype = next(model.parameters()).dtype
     mask = torch.zeros((r, 1, width, s + width), dtype=dtype)
     mask[:, 0, :, s:] = torch.where(allowed, 0.0, torch.finfo(dtype).min)
-    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, cache=cache)
+    out = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True, **cache_arg(cache))
     logits = out.logits.float()
     token_nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.shape[-1]), labels.view(-1),
                                                   ignore_index=-100, reduction="none").view(r, width)

@@ -51,10 +51,16 @@ class FakeRunner:
 
     # -- what vLLM's scheduler and runner do to the persistent batch -------------------------------------
     def add(self, req_id: str, script: Script) -> None:
+        """A new request scheduled: vLLM's runner takes it in through `_update_states`, before its prefill."""
         self.scripts[req_id] = script
-        self.requests[req_id] = SimpleNamespace(sampling_params=SimpleNamespace(
-            extra_args=script.extra_args, all_stop_token_ids=set(script.stop_ids)))
-        self._place(req_id, script.prompt)
+        params = SimpleNamespace(extra_args=script.extra_args, all_stop_token_ids=set(script.stop_ids))
+        new = SimpleNamespace(req_id=req_id, prompt_token_ids=list(script.prompt), sampling_params=params)
+        self._update_states(SimpleNamespace(scheduled_new_reqs=[new]))
+
+    def _update_states(self, scheduler_output) -> None:
+        for new in scheduler_output.scheduled_new_reqs:
+            self.requests[new.req_id] = SimpleNamespace(sampling_params=new.sampling_params)
+            self._place(new.req_id, new.prompt_token_ids)
 
     def _place(self, req_id: str, tokens: list[int]) -> None:
         i = len(self.input_batch.req_ids)

@@ -5,7 +5,10 @@ what oospec's per-request state must survive: rows that do not decode, skipped s
 id reuse, the end of the model's context, and a drafter that raises in one row.
 """
 
+import json
 import logging
+
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,7 +17,8 @@ from fake_runner import FakeRunner, tool_script, vllm_config
 from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel
 from oospec.engine.drafting import Candidate
 from oospec.integrations.vllm.chain import best_chain
-from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt, context_json
+from oospec.integrations.vllm.context import (context_from_extra_args, context_from_prompt, context_json,
+                                              template_default_system)
 from oospec.integrations.vllm.proposer import OospecProposer
 from helpers import WEATHER
 
@@ -93,6 +97,26 @@ def test_context_routes():
     assert context_from_prompt("no tools here").tools is None
 
 
+def test_the_prompt_route_reads_every_turn_and_leaves_out_what_the_template_added(tok):
+    sent = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And the weather in Paris?"}]
+    assert context_from_prompt(tok.apply_chat_template(sent, tokenize=False, add_generation_prompt=True),
+                               template_default_system(tok)).messages == sent
+    default = template_default_system(tok)  # SmolLM2's template writes its own system turn when none is sent
+    assert default and default.startswith("You are a helpful AI assistant")
+    text = tok.apply_chat_template(sent[1:], tokenize=False, add_generation_prompt=True)
+    assert f"<|im_start|>system\n{default}" in text
+    assert context_from_prompt(text, default).messages == sent[1:]
+    # Qwen's template appends the tool list to the system turn: the tools are read as tools, not as a message.
+    qwen = ("<|im_start|>system\nYou are Qwen.\n\n# Tools\n\nYou may call one or more functions.\n<tools>\n"
+            + json.dumps(WEATHER) + "\n</tools>\n\nFor each function call, ...<|im_end|>\n"
+            "<|im_start|>user\nweather in Oslo?<|im_end|>\n<|im_start|>assistant\n")
+    ctx = context_from_prompt(qwen, "You are Qwen.")
+    assert [t.name for t in ctx.tools] == ["get_weather"] and ctx.dialect == "hermes"
+    assert ctx.messages == [{"role": "user", "content": "weather in Oslo?"}]
+    assert context_from_prompt(qwen).messages[0] == {"role": "system", "content": "You are Qwen."}
+
+
 def test_skipped_steps_and_preemption_keep_the_drafter_in_step(runner, tok):
     script = tool_script(tok)
     runner.add("a", script)
@@ -166,6 +190,70 @@ def test_an_exception_in_one_row_empties_that_row_only_and_is_logged_once(runner
     assert sum("drafter bug" in r.getMessage() for r in caplog.records) == 1
     run_to_end(runner, "good")
     assert runner.accepted["good"] > 0
+
+
+class RecordingSidecar:
+    """Takes jobs and never answers: the test only asks when a request's job went out."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, job, tools):
+        self.jobs.append(job)
+        return object()
+
+    def poll(self, ticket):
+        return None
+
+
+def test_a_drafter_starts_when_the_runner_takes_its_request_in_before_the_prefill(runner, tok):
+    runner.drafter.batch.sidecar = sidecar = RecordingSidecar()
+    script = tool_script(tok)
+    runner.add("a", script)  # scheduled: no forward and no propose call yet
+    state = runner.drafter.batch.states.states["a"]
+    assert state.prompt.tolist() == script.prompt and state.seen == len(script.prompt)
+    assert [m["content"] for m in sidecar.jobs[0].messages] == ["What is the weather in Paris in celsius?"]
+    runner.step()
+    assert runner.drafter.batch.states.states["a"] is state  # the first propose continues it
+    run_to_end(runner, "a")
+    assert runner.tokens("a") == script.prompt + script.output and len(sidecar.jobs) == 1
+
+
+class RunnerWithoutUpdateStates(FakeRunner):
+    """A runner that takes requests in some other way: drafters start at their first propose."""
+
+    _update_states = None
+
+    def add(self, req_id, script):
+        self.scripts[req_id] = script
+        self.requests[req_id] = SimpleNamespace(sampling_params=SimpleNamespace(
+            extra_args=script.extra_args, all_stop_token_ids=set(script.stop_ids)))
+        self._place(req_id, script.prompt)
+
+
+def test_without_the_runners_update_hook_drafters_start_at_the_first_propose(smollm2_path, tok, caplog):
+    with caplog.at_level(logging.WARNING, logger="oospec.vllm"):
+        r = RunnerWithoutUpdateStates(OospecProposer(vllm_config(str(smollm2_path), k=K)))
+        r.load_model()
+    assert any("no _update_states" in rec.getMessage() for rec in caplog.records)
+    script = tool_script(tok)
+    r.add("a", script)
+    assert "a" not in r.drafter.batch.states.states
+    run_to_end(r, "a")
+    assert r.tokens("a") == script.prompt + script.output and r.accepted["a"] >= len(script.output) // 2
+
+
+def test_a_failing_early_start_gives_empty_drafts_and_the_same_output(runner, tok):
+    def boom(row):
+        raise RuntimeError("start bug")
+
+    runner.drafter.batch.states._start = boom
+    script = tool_script(tok)
+    runner.add("a", script)
+    assert runner.drafter.batch.states.states["a"].failed
+    assert all(d == [] for _ in range(3) for d in runner.step())
+    run_to_end(runner, "a")
+    assert runner.tokens("a") == script.prompt + script.output
 
 
 def test_best_chain_takes_the_heavier_path_and_cuts_where_it_stops_paying():

@@ -22,7 +22,7 @@ from oospec.drafters.toolspec import ToolSpecDrafter
 from oospec.engine.budget import CostModel, default_cost_model
 from oospec.engine.drafting import Drafter, Request
 from oospec.integrations.vllm.chain import best_chain
-from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt
+from oospec.integrations.vllm.context import context_from_extra_args, context_from_prompt, template_default_system
 from oospec.integrations.vllm.request_state import RequestState, RequestStates, Row, log_once
 from oospec.tools.callscan import Habits
 
@@ -39,7 +39,8 @@ class DraftingSettings:
     sidecar: bool = False  # OOSPEC_VLLM_SIDECAR=1: start the sidecar process and draft with its hints
     sidecar_cores: tuple[int, ...] | None = None  # OOSPEC_VLLM_SIDECAR_CORES=2,3: where the sidecar runs
     # OOSPEC_VLLM_CONTEXT_LOG: a JSONL file that gets, per request, where its context came from and what it
-    # was (a check that the client's tools reach the proposer; off unless set)
+    # was (a check that the client's tools reach the proposer), and at its end what became of its sidecar job
+    # (when, what it predicted); off unless set
     context_log: str | None = None
 
     @classmethod
@@ -74,11 +75,19 @@ class BatchDrafter:
         # (costly to build) are shared, as oospec's own engine shares them by keeping one drafter.
         self.habits = Habits()
         self.encoders: dict = {}
-        self.states = RequestStates(self._start)
+        self.default_system = template_default_system(tokenizer)  # what a prompt's turns may hold beside the client's
+        self.states = RequestStates(self._start, on_end=self._log_end if settings.context_log else None)
 
     def propose(self, rows: Sequence[Row | None]) -> list[list[int]]:
         """One draft per row, each at most `k` Python ints; a None row (not decoding this step) gets []."""
         return [self._propose_row(row) if row is not None else [] for row in rows]
+
+    def start(self, row: Row) -> None:
+        """Start the row's drafter now (before its prefill): the sidecar's job goes out while the target reads."""
+        try:
+            self.states.synced(row)
+        except Exception as exc:
+            self._fail(row, exc)
 
     def _propose_row(self, row: Row) -> list[int]:
         try:
@@ -91,15 +100,19 @@ class BatchDrafter:
             context = np.asarray(row.tokens, dtype=np.int64)
             return best_chain(state.drafter.candidates(context), max_len, self.cost)
         except Exception as exc:
-            log_once(f"propose:{type(exc).__name__}", "oospec drafting failed for request %s; it is decoded "
-                     "without drafts from now on (logged once per kind of error): %r", row.req_id, exc)
-            state = self.states.states.get(row.req_id)
-            if state is None:
-                prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
-                state = RequestState(Drafter(), prompt, int(row.tokens.size), row.owner)
-                self.states.states[row.req_id] = state
-            state.failed = True
+            self._fail(row, exc)
             return []
+
+    def _fail(self, row: Row, exc: Exception) -> None:
+        """The row is decoded without drafts from now on; the error is logged once per kind."""
+        log_once(f"propose:{type(exc).__name__}", "oospec drafting failed for request %s; it is decoded "
+                 "without drafts from now on (logged once per kind of error): %r", row.req_id, exc)
+        state = self.states.states.get(row.req_id)
+        if state is None:
+            prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
+            state = RequestState(Drafter(), prompt, int(row.tokens.size), row.owner)
+            self.states.states[row.req_id] = state
+        state.failed = True
 
     def _start(self, row: Row) -> Drafter:
         if self.sidecar is not None:
@@ -111,12 +124,20 @@ class BatchDrafter:
         drafter.start(self._request(row))
         return drafter
 
+    def _log_end(self, req_id: str, drafter: Drafter) -> None:
+        """The context log's second line per request: what became of its sidecar job (when it had one)."""
+        report = getattr(drafter, "report", None)
+        if report is not None:
+            with open(self.settings.context_log, "a") as f:
+                f.write(json.dumps({"req_id": req_id, "sidecar": report.as_dict()}, ensure_ascii=False,
+                                   default=str) + "\n")
+
     def _request(self, row: Row) -> Request:
         prompt = np.asarray(row.tokens[: row.prompt_len], dtype=np.int64).copy()
         context, source = context_from_extra_args(row.extra_args), "extra_args"
         if context is None or context.tools is None:
-            context, source = context_from_prompt(self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False)), \
-                "prompt"
+            context, source = context_from_prompt(self.tokenizer.decode(prompt.tolist(), skip_special_tokens=False),
+                                                  self.default_system), "prompt"
         if self.settings.context_log:
             with open(self.settings.context_log, "a") as f:
                 f.write(json.dumps({"req_id": row.req_id, "source": source,

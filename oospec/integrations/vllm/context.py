@@ -5,7 +5,7 @@ Two routes, best first:
   a dict (`LLM.generate` users) or as its JSON text (the OpenAI server's `vllm_xargs` take flat values only:
   a client sends `vllm_xargs={"oospec": context_json(...)}`, or the tool-parser plugin fills it);
 - the rendered prompt, for `/v1/completions` and `LLM.generate` users: the `<tools>` block of Qwen/Hermes
-  templates (OpenAI JSON, one per line) or the prose tool list of API-Bank prompts, and the last user turn.
+  templates (OpenAI JSON, one per line) or the prose tool list of API-Bank prompts, and the conversation's turns.
 A request with neither is drafted by prompt lookup and retrieval alone (schema drafting needs tools).
 """
 
@@ -23,8 +23,11 @@ from oospec.tools.schema import Tool, tools_from_openai
 EXTRA_ARGS_KEY = "oospec"  # SamplingParams.extra_args[EXTRA_ARGS_KEY]: the request context as sent
 
 _TOOLS_BLOCK = re.compile(r"<tools>\n(.*?)\n</tools>", re.S)
-# The last user turn of a ChatML prompt (Qwen, Hermes); other templates fall back to the whole prompt.
-_LAST_USER = re.compile(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", re.S)
+# The closed turns of a ChatML prompt (Qwen, Hermes); other templates fall back to the whole prompt as one
+# user message.
+_TURN = re.compile(r"<\|im_start\|>(system|user|assistant|tool)\n(.*?)<\|im_end\|>", re.S)
+# Where Qwen's chat template appends the tool list to the system turn (the tools reach the drafters as tools).
+_TOOLS_SECTION = "\n\n# Tools\n"
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,18 @@ def context_json(tools: list[dict] | None, messages: list[dict] | None, tool_cho
                       ensure_ascii=False)
 
 
-def context_from_prompt(text: str) -> RequestContext:
-    """The tools and the user's words as far as the rendered prompt shows them."""
-    users = _LAST_USER.findall(text)
-    messages = [{"role": "user", "content": users[-1] if users else text}]
+def context_from_prompt(text: str, default_system: str | None = None) -> RequestContext:
+    """The tools and the conversation as far as the rendered prompt shows them: every closed ChatML turn (the
+    sidecar reads the whole conversation, as a client would have sent it), else the whole text as one turn.
+    default_system: the system turn the chat template writes when the client sent none (dropped: see
+    `template_default_system`)."""
     block = _TOOLS_BLOCK.search(text)
+    messages = [{"role": role, "content": content} for role, content in _TURN.findall(text)]
+    for m in messages:
+        if m["role"] == "system" and _TOOLS_SECTION in m["content"] and "<tools>" in m["content"]:
+            m["content"] = m["content"].split(_TOOLS_SECTION, 1)[0]
+    messages = [m for m in messages if m["role"] != "system" or (m["content"] and m["content"] != default_system)]
+    messages = messages or [{"role": "user", "content": text}]
     if block is not None:
         specs = []
         for line in block.group(1).splitlines():
@@ -84,6 +94,22 @@ def context_from_prompt(text: str) -> RequestContext:
     if tools:
         return RequestContext(tools=tools, messages=messages, dialect="apibank", tools_in_prompt=True)
     return RequestContext(messages=messages)
+
+
+def template_default_system(tokenizer: Any) -> str | None:
+    """The system turn the tokenizer's chat template writes for a conversation without one (Qwen: "You are
+    Qwen, created by Alibaba Cloud. ..."), its tool list left out; None when it writes none or has no template."""
+    probe = {"type": "function", "function": {"name": "probe", "description": "", "parameters": {"type": "object",
+                                                                                                "properties": {}}}}
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=[probe], tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # no chat template: nothing is added to prompts, nothing to drop
+        return None
+    for role, content in _TURN.findall(text):
+        if role == "system":
+            return content.split(_TOOLS_SECTION, 1)[0] or None
+    return None
 
 
 def _openai_tools(specs: Any) -> list[Tool] | None:

@@ -7,6 +7,10 @@ per request of the runner's persistent batch, and expects one list of at most K 
 prompt lengths and the sampling parameters (the request context in `extra_args`) live on the runner, which is
 therefore taken from the caller of `load_model`. Everything else is oospec's (batch.py); this module only
 reads vLLM's structures, so it is the one place that changes with vLLM's internals.
+
+A request's drafter starts when the runner first takes the request in (its `_update_states`, before the
+prefill forward), not at its first propose call (after the prefill): the sidecar's job is then submitted while
+the target reads the prompt, which is what makes its hints arrive in time.
 """
 
 from __future__ import annotations
@@ -44,6 +48,39 @@ class OospecProposer:
 
             sidecar = start_sidecar(self.settings)
         self.batch = BatchDrafter(tokenizer, _eos_ids(tokenizer, cfg), self.k, self.settings, sidecar)
+        if self.runner is not None:
+            self._watch_new_requests(self.runner)
+
+    def _watch_new_requests(self, runner: Any) -> None:
+        """Wrap the runner's `_update_states(scheduler_output)` so that each newly scheduled request's drafter
+        starts before its prefill runs. Without that method (another vLLM) drafters start at the first propose."""
+        update = getattr(runner, "_update_states", None)
+        if update is None:
+            log_once("no-update-states", "oospec proposer: the runner has no _update_states; drafters (and the "
+                     "sidecar's jobs) start after each prefill")
+            return
+
+        def update_states(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            out = update(scheduler_output, *args, **kwargs)
+            try:
+                self._start_new(scheduler_output)
+            except Exception as exc:  # never fail the engine: the drafter then starts at its first propose
+                log_once(f"early-start:{type(exc).__name__}", "oospec proposer: early start failed: %r", exc)
+            return out
+
+        runner._update_states = update_states
+
+    def _start_new(self, scheduler_output: Any) -> None:
+        # The requests this update finished are gone from the runner already: end them first, so that
+        # retrieval has learnt their calls before the new requests' drafters start.
+        self.batch.states.keep_only(self.runner.requests.keys())
+        for new in getattr(scheduler_output, "scheduled_new_reqs", ()) or ():
+            prompt, state = new.prompt_token_ids, self.runner.requests.get(new.req_id)
+            params = new.sampling_params
+            if prompt is None or state is None or params is None:  # prompt embeddings, pooling: nothing to draft
+                continue
+            tokens = np.asarray(prompt, dtype=np.int64)
+            self.batch.start(self._row(new.req_id, tokens, int(tokens.size), params, state))
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
                 slot_mappings: Any = None, **_: Any) -> list[list[int]]:
@@ -62,11 +99,15 @@ class OospecProposer:
                 rows.append(None)
                 continue
             n = int(num_tokens_no_spec[i])
-            params = state.sampling_params
-            rows.append(Row(req_id, token_ids_cpu[i, :n], int(batch.num_prompt_tokens[i]), self.max_model_len - n,
-                            getattr(params, "extra_args", None),
-                            frozenset(getattr(params, "all_stop_token_ids", ()) or ()), state))
+            rows.append(self._row(req_id, token_ids_cpu[i, :n], int(batch.num_prompt_tokens[i]),
+                                  state.sampling_params, state))
         return self.batch.propose(rows)
+
+    def _row(self, req_id: str, tokens: np.ndarray, prompt_len: int, params: Any, owner: Any) -> Row:
+        """A request as oospec sees it: its buffer, its context (`extra_args`) and stop tokens, its runner object."""
+        return Row(req_id, tokens, prompt_len, self.max_model_len - int(tokens.size),
+                   getattr(params, "extra_args", None), frozenset(getattr(params, "all_stop_token_ids", ()) or ()),
+                   owner)
 
 
 def _calling_runner() -> Any:

@@ -48,8 +48,9 @@ class RequestState:
 class RequestStates:
     """req_id -> RequestState. `start(row)` builds a started drafter for a new request."""
 
-    def __init__(self, start: Callable[[Row], Drafter]):
+    def __init__(self, start: Callable[[Row], Drafter], on_end: Callable[[str, Drafter], None] | None = None):
         self._start = start
+        self._on_end = on_end  # called with each ended request's id and finished drafter
         self.states: dict[str, RequestState] = {}
 
     def synced(self, row: Row) -> RequestState:
@@ -74,6 +75,8 @@ class RequestStates:
             return
         try:
             state.drafter.finish()  # retrieval learns the finished output here
+            if self._on_end is not None:
+                self._on_end(req_id, state.drafter)
         except Exception as exc:  # a drafter's end-of-request bookkeeping must never fail the engine
             log_once(f"finish:{type(exc).__name__}", "oospec drafter finish failed: %r", exc)
 
