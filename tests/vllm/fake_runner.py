@@ -52,10 +52,14 @@ class FakeRunner:
     # -- what vLLM's scheduler and runner do to the persistent batch -------------------------------------
     def add(self, req_id: str, script: Script) -> None:
         """A new request scheduled: vLLM's runner takes it in through `_update_states`, before its prefill."""
+        self._update_states(self.scheduled(req_id, script))
+
+    def scheduled(self, req_id: str, script: Script) -> SimpleNamespace:
+        """The scheduler's output that brings in one new request."""
         self.scripts[req_id] = script
         params = SimpleNamespace(extra_args=script.extra_args, all_stop_token_ids=set(script.stop_ids))
         new = SimpleNamespace(req_id=req_id, prompt_token_ids=list(script.prompt), sampling_params=params)
-        self._update_states(SimpleNamespace(scheduled_new_reqs=[new]))
+        return SimpleNamespace(scheduled_new_reqs=[new])
 
     def _update_states(self, scheduler_output) -> None:
         for new in scheduler_output.scheduled_new_reqs:
@@ -149,3 +153,17 @@ def tool_script(tok, city: str = "Paris", with_context: bool = True) -> Script:
     output = tok.encode(DIALECTS["hermes"].render(call), add_special_tokens=False) + [tok.eos_token_id]
     extra = {"oospec": {"tools": tools, "messages": messages, "dialect": "hermes"}} if with_context else None
     return Script(tok.encode(prompt, add_special_tokens=False), output, extra, frozenset({tok.eos_token_id}))
+
+
+class SilentSidecar:
+    """Takes jobs and never answers: for tests that ask only when and what a request's job sent."""
+
+    def __init__(self):
+        self.jobs = []
+
+    def submit(self, job, tools):
+        self.jobs.append(job)
+        return object()
+
+    def poll(self, ticket):
+        return None

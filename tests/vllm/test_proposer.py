@@ -8,12 +8,10 @@ id reuse, the end of the model's context, and a drafter that raises in one row.
 import json
 import logging
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
 
-from fake_runner import FakeRunner, tool_script, vllm_config
+from fake_runner import FakeRunner, SilentSidecar, tool_script, vllm_config
 from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel
 from oospec.engine.drafting import Candidate
 from oospec.integrations.vllm.chain import best_chain
@@ -192,22 +190,8 @@ def test_an_exception_in_one_row_empties_that_row_only_and_is_logged_once(runner
     assert runner.accepted["good"] > 0
 
 
-class RecordingSidecar:
-    """Takes jobs and never answers: the test only asks when a request's job went out."""
-
-    def __init__(self):
-        self.jobs = []
-
-    def submit(self, job, tools):
-        self.jobs.append(job)
-        return object()
-
-    def poll(self, ticket):
-        return None
-
-
 def test_a_drafter_starts_when_the_runner_takes_its_request_in_before_the_prefill(runner, tok):
-    runner.drafter.batch.sidecar = sidecar = RecordingSidecar()
+    runner.drafter.batch.sidecar = sidecar = SilentSidecar()
     script = tool_script(tok)
     runner.add("a", script)  # scheduled: no forward and no propose call yet
     state = runner.drafter.batch.states.states["a"]
@@ -225,10 +209,7 @@ class RunnerWithoutUpdateStates(FakeRunner):
     _update_states = None
 
     def add(self, req_id, script):
-        self.scripts[req_id] = script
-        self.requests[req_id] = SimpleNamespace(sampling_params=SimpleNamespace(
-            extra_args=script.extra_args, all_stop_token_ids=set(script.stop_ids)))
-        self._place(req_id, script.prompt)
+        FakeRunner._update_states(self, self.scheduled(req_id, script))  # taken in, the proposer not told
 
 
 def test_without_the_runners_update_hook_drafters_start_at_the_first_propose(smollm2_path, tok, caplog):

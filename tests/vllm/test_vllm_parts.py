@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from fake_runner import FakeRunner, tool_script, vllm_config
+from fake_runner import FakeRunner, SilentSidecar, tool_script, vllm_config
 from helpers import WEATHER
 from oospec.integrations.vllm.batch import DraftingSettings
 from oospec.integrations.vllm.bench import summarize
@@ -160,13 +160,6 @@ def test_the_context_log_says_where_each_requests_context_came_from(smollm2_path
     end = [d for d in map(json.loads, log.read_text().splitlines()) if "sidecar" in d]
     assert end == [{"req_id": "sent", "sidecar": {"submitted": True}}]  # its job went out, no answer came
 
-
-class SilentSidecar:
-    def submit(self, job, tools):
-        return object()
-
-    def poll(self, ticket):
-        return None
 
 
 def test_bench_vllm_runs_none_first_and_the_concurrent_subset(monkeypatch, tmp_path):
