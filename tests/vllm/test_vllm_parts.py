@@ -161,7 +161,6 @@ def test_the_context_log_says_where_each_requests_context_came_from(smollm2_path
     assert end == [{"req_id": "sent", "sidecar": {"submitted": True}}]  # its job went out, no answer came
 
 
-
 def test_bench_vllm_runs_none_first_and_the_concurrent_subset(monkeypatch, tmp_path):
     """Which settings run at which concurrency, and in which order (none first: the oracle reads its output)."""
     from types import SimpleNamespace
