@@ -4,6 +4,7 @@ sends may get a 5xx or a reset connection; /health stays fast while a 20 MB requ
 
 import http.client as httpclient
 import json
+import random
 import socket
 import threading
 import time
@@ -213,6 +214,38 @@ def test_json_depth_scan_is_linear_on_unterminated_strings():
     assert json_depth(b'"' + b'\\"' * 2**20) == 0  # one string that never ends, full of escaped quotes
     assert json_depth(b'[{"a": "]]]"}, [[]]]') == 3
     assert time.perf_counter() - t0 < 1
+
+
+def _depth_char_by_char(text: str) -> int:
+    depth = peak = 0
+    in_string = escaped = False
+    for c in text:
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            in_string = True
+        elif c in "[{":
+            depth += 1
+            peak = max(peak, depth)
+        elif c in "]}":
+            depth -= 1
+    return peak
+
+
+def test_json_depth_agrees_with_a_char_by_char_scan_across_chunk_boundaries():
+    """Random JSON-like text: brackets, strings holding brackets, escaped quotes and backslashes, sometimes a
+    string left open (ending on a lone backslash); scanned in chunks as small as one byte, so that every
+    backslash run and string crosses a chunk boundary somewhere."""
+    rng = random.Random(0)
+    inner = ["a", "[", "]", "{", "\\\\", '\\"']
+    for _ in range(2000):
+        parts = [rng.choice("[]{},:") if rng.random() < 0.5 else
+                 '"' + "".join(rng.choices(inner, k=rng.randint(0, 6))) + '"' for _ in range(rng.randint(0, 30))]
+        if rng.random() < 0.3:
+            parts.append('"' + "".join(rng.choices(inner, k=rng.randint(0, 6))) + rng.choice(["", "\\"]))
+        text = "".join(parts)
+        for chunk_bytes in (1, 2, 3, 7, 2**20):
+            assert json_depth(text.encode(), chunk_bytes) == _depth_char_by_char(text), (text, chunk_bytes)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import re
 import time
 
 import anyio
@@ -31,18 +30,43 @@ log = logging.getLogger("oospec.server")
 
 MAX_JSON_DEPTH = 64
 DRAIN_LIMIT = 256 * 2**20
-# A JSON string, or an unterminated one running to the end: every attempt matches, so the scan is linear.
-_STRING = re.compile(rb'"[^"\\]*(?:\\[\s\S]?[^"\\]*)*(?:"|\Z)')
-_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+SCAN_CHUNK = 2**20
+_OPEN, _CLOSE, _QUOTE, _BACKSLASH = 1, 2, 3, 4
+_KIND = np.zeros(256, dtype=np.uint8)
+_KIND[list(b"[{")], _KIND[list(b"]}")], _KIND[ord('"')], _KIND[ord("\\")] = _OPEN, _CLOSE, _QUOTE, _BACKSLASH
 
 
-def json_depth(raw: bytes) -> int:
-    """How deep arrays and objects nest in JSON text, without parsing it (linear time, strings skipped)."""
-    brackets = np.frombuffer(_STRING.sub(b"", raw).translate(None, _NOT_BRACKET), dtype=np.uint8)
-    if brackets.size == 0:
-        return 0
-    steps = np.where((brackets == ord("[")) | (brackets == ord("{")), 1, -1)
-    return int(np.cumsum(steps).max())
+def json_depth(raw: bytes, chunk_bytes: int = SCAN_CHUNK) -> int:
+    """How deep arrays and objects nest in JSON text, without parsing it: linear time, brackets inside strings
+    skipped (a quote opens or closes a string unless an odd run of backslashes precedes it; outside strings a
+    backslash is invalid JSON, which the parser refuses before it could nest deeper). Scanned a chunk at a time,
+    a few numpy passes over the chunk's brackets, quotes and backslashes, so that the thread checking a 20 MB
+    body never holds the interpreter long (one regular-expression pass over it kept the event loop ~0.2 s)."""
+    data = np.frombuffer(raw, dtype=np.uint8)
+    depth = peak = 0
+    in_string, odd_run = 0, False  # carried between chunks: inside a string?, odd backslash run at the end?
+    for start in range(0, data.size, chunk_bytes):
+        kinds = _KIND[data[start:start + chunk_bytes]]
+        at = np.flatnonzero(kinds)
+        kind = kinds[at]
+        if odd_run:  # the previous chunk's run, as one backslash just before this chunk
+            at, kind = np.concatenate(([-1], at)), np.concatenate(([_BACKSLASH], kind))
+        is_quote = kind == _QUOTE
+        backslash = kind == _BACKSLASH
+        run_before = np.zeros(kind.size, dtype=np.int64)
+        if backslash.any():  # each mark's count of backslashes right before it: the distance to its run's start
+            index = np.arange(kind.size)
+            continues = np.concatenate(([False], backslash[:-1] & (np.diff(at) == 1)))
+            run_before = index - np.maximum.accumulate(np.where(continues, 0, index))
+            is_quote &= run_before % 2 == 0
+        outside = (np.cumsum(is_quote) + in_string) % 2 == 0
+        steps = (kind == _OPEN).astype(np.int64) - (kind == _CLOSE)
+        levels = depth + np.cumsum(np.where(outside, steps, 0))
+        if levels.size:
+            peak, depth, in_string = max(peak, int(levels.max())), int(levels[-1]), int(not outside[-1])
+        ends_in_run = kind.size > 0 and backslash[-1] and at[-1] == kinds.size - 1
+        odd_run = bool(ends_in_run and run_before[-1] % 2 == 0)
+    return peak
 
 
 def check_json_body(raw: bytes) -> None:
