@@ -14,10 +14,11 @@ from oospec.sidecar.protocol import Guess, Payload, encode_payload
 class FakePredictor:
     """Answers every job according to `mode`; `answer` is the best guess it reports when it answers well."""
 
-    def __init__(self, mode: str = "good", answer: dict | None = None, delay_s: float = 0.0):
+    def __init__(self, mode: str = "good", answer: dict | None = None, delay_s: float = 0.0, gate: str | None = None):
         self.mode = mode
         self.answer = answer or {}
         self.delay_s = delay_s
+        self.gate = gate  # a file path: each job waits until the test creates it (an answer late on demand)
         self.cached: set[str] = set()  # conversations seen since the last clear_cache (the real one's prompt cache)
 
     def clear_cache(self) -> None:
@@ -26,6 +27,8 @@ class FakePredictor:
     def predict(self, job) -> bytes:
         if self.delay_s:
             time.sleep(self.delay_s)
+        while self.gate and not os.path.exists(self.gate):
+            time.sleep(0.01)
         first = job.tools[0]["function"]
         name = self.answer.get("function", first["name"])
         args = self.answer.get("arguments", {})

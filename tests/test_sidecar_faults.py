@@ -190,16 +190,20 @@ def test_sidecar_killed_mid_request(smol_engine, apibank_case):
         assert client.stats.faults.get("crashed", 0) >= 1 and client.pid != pid_before
 
 
-def test_answer_after_the_target_finished(smol_engine, apibank_case):
+def test_answer_after_the_target_finished(smol_engine, apibank_case, tmp_path):
     sample, prompt, ref, guess = apibank_case
+    gate = tmp_path / "answer-now"
     with fake_client(mode="good", answer={"function": guess.function, "arguments": guess.arguments},
-                     delay_s=6.0) as client:
+                     gate=str(gate)) as client:
         drafter = make_drafter("oospec", sidecar=client)
         out = generate(smol_engine, sample, prompt, drafter, max_new_tokens=4)
         assert np.array_equal(out.tokens, ref[:4])
         assert not drafter.report.arrived
         first = drafter.sidecar_drafter.ticket
-        time.sleep(6.5)
+        gate.touch()  # the answer comes now, after its request ended
+        deadline = time.monotonic() + 60
+        while client.poll(first) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         out = generate(smol_engine, sample, prompt, drafter)  # the stale answer must not be used here
         assert np.array_equal(out.tokens, ref)
         assert first.payload is not None  # it did come, after its request had ended...

@@ -110,7 +110,7 @@ class SidecarDrafter(Drafter):
         self.confidence = confidence
         self.alternative_confidence = alternative_confidence
         self.max_branches = 2  # for a later call: the unmatched predicted calls drafted beside the likeliest
-        self.ticket = None
+        self.ticket = self.followup = None
         self.payload: Payload | None = None
         self.report = SidecarReport()
 
@@ -162,6 +162,10 @@ class SidecarDrafter(Drafter):
             self.report.fault = getattr(self.ticket, "fault", None)
             if payload is not None:
                 self._record_arrival(payload, tokens_written=None)
+        cancel = getattr(self.sidecar, "cancel", None)  # a test double may have submit/poll only
+        if cancel is not None:  # jobs not yet started are dropped: the sidecar goes on to live requests
+            cancel(self.ticket)
+            cancel(self.followup)
 
     def idle_threads(self) -> int:
         # A client that cannot say (a test double with submit/poll only) lends nothing.

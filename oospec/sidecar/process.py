@@ -2,8 +2,9 @@
 
 The worker loads the predictor once, then answers jobs one at a time. It has its own thread budget (set
 before torch starts in the child) or its own device. The client never blocks the decode loop: `submit`
-writes a job to a pipe, `poll` reads an answer only if one is already there. A job that is superseded
-before the worker gets to it is skipped.
+writes a job to a pipe, `poll` reads an answer only if one is already there. Jobs are answered oldest first,
+each with its own ticket (vLLM runs requests side by side); `cancel` drops the job of a request that ended
+before the worker got to it.
 
 Faults are contained here: a worker that dies is noticed on the next `poll`/`submit` and restarted for the
 next request (a bounded number of times); one that hangs past `hang_timeout_s` is killed and restarted;
@@ -22,13 +23,13 @@ import sys
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
 from oospec.models.registry import DEFAULT_SIDECAR
-from oospec.sidecar.protocol import CLEAR_CACHE, Job, Payload, PayloadError, parse_payload
+from oospec.sidecar.protocol import CANCEL, CLEAR_CACHE, Job, Payload, PayloadError, parse_payload
 from oospec.tools.schema import Tool
 
 log = logging.getLogger("oospec.sidecar")
@@ -72,6 +73,7 @@ class Ticket:
     payload: Payload | None = None
     fault: str | None = None
     received_at: float | None = None
+    cancelled: bool = False  # its request ended first; an answer already on its way is still recorded
 
 
 @dataclass
@@ -107,8 +109,8 @@ class SidecarClient:
         self._proc: subprocess.Popen | None = None
         self._conn = None
         self._ready = False
-        self._busy_since: float | None = None
-        self._current: Ticket | None = None
+        self._busy_since: float | None = None  # since the worker last answered, while jobs are outstanding
+        self._outstanding: dict[str, Ticket] = {}  # sent, neither answered nor dropped by the worker yet
         self._closed = False
         self._start()
         if wait_ready:
@@ -130,6 +132,7 @@ class SidecarClient:
         self._proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn, self._ready, self._busy_since = Connection(parent.detach()), False, None
+        self._abandon("crashed")  # a fresh worker knows no earlier job
 
     def wait_ready(self, timeout_s: float = 600.0) -> bool:
         """Block until the worker has loaded its model (start-up only, never inside a request)."""
@@ -155,10 +158,12 @@ class SidecarClient:
     def _restart(self, why: str) -> bool:
         if self.stats.restarts >= self.max_restarts:
             self._fault("gave-up", f"the sidecar failed {self.stats.restarts + 1} times ({why}); running without it")
+            self._abandon(why)
             self._kill()
             self._closed = True
             return False
         self.stats.restarts += 1
+        self._abandon(why)
         self._kill()
         self._start()
         return True
@@ -217,7 +222,8 @@ class SidecarClient:
         if self._conn is not None and not self._closed:
             try:
                 self._conn.send(CLEAR_CACHE)
-                self._busy_since = None  # unanswered jobs are abandoned: a hang counts from the next one
+                self._outstanding.clear()  # unanswered jobs are abandoned: a hang counts from the next one
+                self._busy_since = None
             except (OSError, BrokenPipeError) as exc:
                 self._fault("crashed", f"cannot reach the sidecar: {exc}")
 
@@ -236,17 +242,29 @@ class SidecarClient:
             self._fault("hang", f"the sidecar has not answered for {self.hang_timeout_s:.0f} s; restarting it")
             if not self._restart("hang"):
                 return None
-        ticket = Ticket(job.request_id or uuid.uuid4().hex, tools, time.time())
+        if not job.request_id or job.request_id in self._outstanding:
+            job = replace(job, request_id=uuid.uuid4().hex)  # answers are matched to tickets by this id
+        ticket = Ticket(job.request_id, tools, time.time())
         try:
             self._conn.send(job.to_dict())
         except (OSError, BrokenPipeError) as exc:
             self._fault("crashed", f"cannot reach the sidecar: {exc}")
             return None
         self.stats.submitted += 1
-        if self._busy_since is None:  # busy since the oldest unanswered job: that is what a hang looks like
+        if self._busy_since is None:  # no answer for hang_timeout_s while jobs wait: that is what a hang looks like
             self._busy_since = time.monotonic()
-        self._current = ticket
+        self._outstanding[ticket.request_id] = ticket
         return ticket
+
+    def cancel(self, ticket: Ticket | None) -> None:
+        """The ticket's request has ended: the worker drops its job if it has not started it (never waits)."""
+        if ticket is None or ticket.cancelled or self._outstanding.get(ticket.request_id) is not ticket:
+            return
+        ticket.cancelled = True
+        try:
+            self._conn.send((CANCEL, ticket.request_id))
+        except (OSError, BrokenPipeError, AttributeError) as exc:
+            self._fault("crashed", f"cannot reach the sidecar: {exc}")
 
     def poll(self, ticket: Ticket | None) -> Payload | None:
         """The ticket's payload if it has arrived (checked), else None. Never waits."""
@@ -263,9 +281,15 @@ class SidecarClient:
                 self._handle(kind, body)
         except (EOFError, OSError):
             self._fault("crashed", "the sidecar process died mid-request")
-            if self._current is not None and self._current.fault is None:
-                self._current.fault = "crashed"
-            self._busy_since = None
+            self._abandon("crashed")
+
+    def _abandon(self, fault: str) -> None:
+        """Every outstanding job is lost (the worker died or was restarted): its ticket ends with `fault`."""
+        for ticket in self._outstanding.values():
+            if ticket.fault is None and ticket.payload is None:
+                ticket.fault = fault
+        self._outstanding.clear()
+        self._busy_since = None
 
     def _handle(self, kind: str, body: Any) -> None:
         if kind == "ready":
@@ -276,12 +300,15 @@ class SidecarClient:
             self._closed = True
             return
         request_id, detail = body
-        ticket = self._current
-        if ticket is None or request_id != ticket.request_id:
-            # An answer to an earlier request, arriving after its target finished: useless, harmless.
+        ticket = self._outstanding.pop(request_id, None)
+        self._busy_since = time.monotonic() if self._outstanding else None
+        if ticket is None:
+            # An answer to a job abandoned by clear_cache or a restart: useless, harmless.
             self.stats.faults["late"] = self.stats.faults.get("late", 0) + 1
             return
-        self._busy_since = None
+        if kind == "dropped":
+            ticket.fault = "cancelled"
+            return
         ticket.received_at = time.time()
         if kind == "error":
             ticket.fault = "predictor-error"

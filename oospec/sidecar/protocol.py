@@ -24,8 +24,12 @@ MAX_PAYLOAD_BYTES = 64 * 1024  # a real payload is ~100 bytes; anything this lar
 MAX_VALUE_CHARS = 1024  # a rendered slot value longer than this is not a useful hint
 MAX_ALTERNATIVES = 3
 MAX_CALLS = 8  # calls of one turn a payload may carry; beyond, the list is cut
-# Sent to the worker instead of a job: the predictor drops its caches before the next job (never superseded).
+# Sent to the worker instead of a job: the predictor drops its caches before the next job, and the jobs still
+# queued are dropped (they belong to the run that ended).
 CLEAR_CACHE = "clear-cache"
+# (CANCEL, request_id): the request ended; its job is dropped if the worker has not started it, which the
+# worker confirms with ("dropped", (request_id, None)).
+CANCEL = "cancel"
 
 
 class PayloadError(ValueError):

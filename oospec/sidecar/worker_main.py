@@ -1,7 +1,8 @@
 """The sidecar's own process: `python -m oospec.sidecar.worker_main --fd N ...`, started by SidecarClient.
 
-It loads the predictor once, then answers jobs one at a time over the socket it was given; a job that a
-newer one has superseded while it waited is skipped. Nothing here may take the engine down: errors become
+It loads the predictor once, then answers jobs one at a time, oldest first, over the socket it was given
+(requests run side by side in vLLM: each gets its own answer); a job whose request ended before the worker
+got to it is dropped (CANCEL). Nothing here may take the engine down: errors become
 messages, and a dead worker is the client's to notice.
 """
 
@@ -10,9 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+from collections import deque
 from multiprocessing.connection import Connection
 
-from oospec.sidecar.protocol import CLEAR_CACHE, Job
+from oospec.sidecar.protocol import CANCEL, CLEAR_CACHE, Job
 
 
 def load_factory(spec: str):
@@ -33,21 +35,25 @@ def _worker_main(conn: Connection, factory: str, options: dict, threads: int | N
         conn.send(("load-failed", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", None))
+    queue: deque[dict] = deque()  # jobs in the order they came: each request's own job, none superseded
     while True:
         try:
-            queued = [conn.recv()]
-            while conn.poll():  # a newer job supersedes any older one still queued
-                queued.append(conn.recv())
+            while not queue or conn.poll():  # read all that came; block only with nothing to compute
+                message = conn.recv()
+                if message is None:
+                    return
+                if message == CLEAR_CACHE:  # the jobs still queued belong to the run it ended
+                    queue.clear()
+                    getattr(predictor, "clear_cache", lambda: None)()
+                elif isinstance(message, tuple) and message[0] == CANCEL:
+                    if any(job["request_id"] == message[1] for job in queue):
+                        queue = deque(job for job in queue if job["request_id"] != message[1])
+                        conn.send(("dropped", (message[1], None)))
+                else:
+                    queue.append(message)
         except (EOFError, OSError):
             return
-        if None in queued:
-            return
-        if CLEAR_CACHE in queued:  # jobs queued before the clear belong to the run it ended
-            queued = queued[len(queued) - queued[::-1].index(CLEAR_CACHE):]
-            getattr(predictor, "clear_cache", lambda: None)()
-        if not queued:
-            continue
-        job = Job.from_dict(queued[-1])
+        job = Job.from_dict(queue.popleft())
         try:
             raw = predictor.predict(job)
             conn.send(("payload", (job.request_id, raw if isinstance(raw, bytes) else str(raw).encode())))

@@ -249,3 +249,21 @@ def test_best_chain_takes_the_heavier_path_and_cuts_where_it_stops_paying():
     assert best_chain([Candidate(np.arange(10, 30), 0.2, 0.5)], 16, steep) == []
     chain = best_chain([Candidate(np.arange(10, 30), 0.99, 0.99)], 16, cost)
     assert 0 < len(chain) <= 16 and all(type(t) is int for t in chain)
+
+
+def test_the_oracle_proposer_drafts_the_reference_and_logs_nothing(smollm2_path, tok, tmp_path, monkeypatch, caplog):
+    """The benchmark's ceiling through the same runner hooks as oospec's proposer (its early start included)."""
+    from oospec.integrations.vllm.oracle import OracleProposer
+
+    script = tool_script(tok)
+    reference = tmp_path / "none@1.json"
+    reference.write_text(json.dumps({"items": {"a": {"prompt_ids": script.prompt, "tokens": script.output}}}))
+    monkeypatch.setenv("OOSPEC_VLLM_ORACLE", str(reference))
+    with caplog.at_level(logging.WARNING, logger="oospec.vllm"):
+        r = FakeRunner(OracleProposer(vllm_config(str(smollm2_path), k=K)))
+        r.load_model()
+        r.add("a", script)
+        steps = run_to_end(r, "a")
+    assert r.tokens("a") == script.prompt + script.output
+    assert steps <= 2 + len(script.output) // (K + 1)  # K drafted and one bonus token a step
+    assert [rec.getMessage() for rec in caplog.records] == []

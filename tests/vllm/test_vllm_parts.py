@@ -11,7 +11,7 @@ import pytest
 from fake_runner import FakeRunner, SilentSidecar, tool_script, vllm_config
 from helpers import WEATHER
 from oospec.integrations.vllm.batch import DraftingSettings
-from oospec.integrations.vllm.bench import summarize
+from oospec.integrations.vllm.bench import first_difference, summarize
 from oospec.integrations.vllm.calls import json_calls, may_be_json_call
 from oospec.integrations.vllm.context import context_from_extra_args, context_json, xargs_with_context
 from oospec.integrations.vllm.oracle import OracleBatch
@@ -107,8 +107,10 @@ def test_summary_against_no_speculation_in_the_same_run():
             ("oospec", 1): run(5.0, 4.0, [1, 2, 3], 2.0), ("ngram", 1): run(8.0, 6.0, [1, 2, 4], 1.5)}
     s = summarize(runs)["d"]
     assert s["oospec"] == {"n": 1, "tau": 2.0, "e2e_speedup": 2.0, "decode_speedup": 2.0, "oracle_fraction": 0.833,
-                           "identical_rate": 1.0, "throughput_tok_s": 0.3}
-    assert s["ngram"]["identical_rate"] == 0.0 and s["none"]["e2e_speedup"] == 1.0
+                           "identical_rate": 1.0, "diverged_at": {}, "throughput_tok_s": 0.3}
+    assert s["ngram"]["identical_rate"] == 0.0 and s["ngram"]["diverged_at"] == {"q": 2}
+    assert s["none"]["e2e_speedup"] == 1.0
+    assert first_difference([1, 2], [1, 2, 3]) == 2 and first_difference([5], [1]) == 0
 
 
 def test_json_calls_bare_or_fenced_complete_and_of_the_requests_tools():

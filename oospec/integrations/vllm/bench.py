@@ -4,9 +4,10 @@ and with the sidecar) and the oracle proposer (the ceiling), one request at a ti
 Each setting runs in its own process (run.py) on the same machine, one after another; speed-ups are against
 vLLM without speculation at the same concurrency, in the same run. Written to the output folder:
 `<setting>@<concurrency>.json` (ids and timings per chat), `summary.json` as
-{dataset: {method: {n, tau, e2e_speedup, decode_speedup, oracle_fraction, identical_rate, throughput_tok_s}}}
-(method: setting, plus `@8` for the concurrent runs; throughput is the whole run's, over all its datasets)
-and `summary.png`. Run it from .venv-vllm.
+{dataset: {method: {n, tau, e2e_speedup, decode_speedup, oracle_fraction, identical_rate, diverged_at,
+throughput_tok_s}}} (diverged_at: {chat id: index of its first output token unlike no speculation's}; method:
+setting, plus `@8` for the concurrent runs; throughput is the whole run's, over all its datasets) and
+`summary.png`. Run it from .venv-vllm.
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path
     return path
 
 
+def first_difference(tokens: list[int], reference: list[int]) -> int:
+    """The index of the first output token that differs from the reference's (or where one output ends)."""
+    return next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), min(len(tokens), len(reference)))
+
+
 def summarize(runs: dict[tuple[str, int], dict]) -> dict:
     summary: dict = {}
     for (setting, conc), run in runs.items():
@@ -59,6 +65,8 @@ def summarize(runs: dict[tuple[str, int], dict]) -> dict:
                 return sum(r["items"][k][key] or 0.0 for k in ids)
 
             e2e, e2e0 = total(run, "e2e_s"), total(base, "e2e_s")
+            diverged = {k: first_difference(run["items"][k]["tokens"], base["items"][k]["tokens"]) for k in ids
+                        if run["items"][k]["tokens"] != base["items"][k]["tokens"]}
             gain_oracle = e2e0 - total(oracle, "e2e_s") if oracle else None
             run_tokens = sum(len(it["tokens"]) for it in run["items"].values())
             summary.setdefault(dataset, {})[method] = {
@@ -68,8 +76,8 @@ def summarize(runs: dict[tuple[str, int], dict]) -> dict:
                 "decode_speedup": round(total(base, "decode_s") / total(run, "decode_s"), 3)
                 if total(run, "decode_s") else None,
                 "oracle_fraction": round((e2e0 - e2e) / gain_oracle, 3) if gain_oracle else None,
-                "identical_rate": round(sum(run["items"][k]["tokens"] == base["items"][k]["tokens"] for k in ids)
-                                        / len(ids), 3),
+                "identical_rate": round(sum(k not in diverged for k in ids) / len(ids), 3),
+                "diverged_at": diverged,
                 # Output tokens per second of wall time over the whole run (all its datasets, all in flight).
                 "throughput_tok_s": round(run_tokens / run["wall_s"], 2) if run.get("wall_s") else None,
             }

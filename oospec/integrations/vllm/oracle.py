@@ -22,6 +22,9 @@ class OracleBatch:
         self.k = k
         self.states = _NoStates()
 
+    def start(self, row: Row) -> None:
+        """Nothing to start early: the reference is read at each propose."""
+
     def propose(self, rows: Sequence[Row | None]) -> list[list[int]]:
         out = []
         for row in rows:
