@@ -14,17 +14,21 @@ from oospec.sidecar.protocol import Guess, Payload, encode_payload
 class FakePredictor:
     """Answers every job according to `mode`; `answer` is the best guess it reports when it answers well."""
 
-    def __init__(self, mode: str = "good", answer: dict | None = None, delay_s: float = 0.0, gate: str | None = None):
+    def __init__(self, mode: str = "good", answer: dict | None = None, delay_s: float = 0.0, gate: str | None = None,
+                 started_dir: str | None = None):
         self.mode = mode
         self.answer = answer or {}
         self.delay_s = delay_s
         self.gate = gate  # a file path: each job waits until the test creates it (an answer late on demand)
+        self.started_dir = started_dir  # a folder: a file named after each job's request id once it is started
         self.cached: set[str] = set()  # conversations seen since the last clear_cache (the real one's prompt cache)
 
     def clear_cache(self) -> None:
         self.cached.clear()
 
     def predict(self, job) -> bytes:
+        if self.started_dir:
+            open(os.path.join(self.started_dir, job.request_id), "w").close()
         if self.delay_s:
             time.sleep(self.delay_s)
         while self.gate and not os.path.exists(self.gate):

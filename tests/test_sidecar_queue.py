@@ -28,9 +28,9 @@ def settled(client: SidecarClient, *tickets) -> bool:
     return all(client.poll(t) is not None or t.fault is not None for t in tickets)
 
 
-def slow_client(delay_s: float) -> SidecarClient:
-    return SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good", "delay_s": delay_s},
-                         threads=1, ready_timeout_s=120)
+def slow_client(delay_s: float, **options) -> SidecarClient:
+    return SidecarClient(factory="sidecar_fakes:make_fake",
+                         factory_options={"mode": "good", "delay_s": delay_s, **options}, threads=1, ready_timeout_s=120)
 
 
 def test_every_request_in_flight_gets_its_own_answer_oldest_first():
@@ -45,17 +45,19 @@ def test_every_request_in_flight_gets_its_own_answer_oldest_first():
         assert client.idle_threads() == 1  # nothing outstanding: the thread may be lent again
 
 
-def test_a_job_whose_request_ended_first_is_dropped_and_the_others_are_answered():
-    with slow_client(0.5) as client:
+def test_a_job_whose_request_ended_first_is_dropped_and_the_others_are_answered(tmp_path):
+    gate = tmp_path / "go"
+    with slow_client(0.0, gate=str(gate), started_dir=str(tmp_path)) as client:
         first, ended, live = (client.submit(job(i), TOOLS) for i in range(3))
         client.cancel(ended)  # its request is over while the worker is still on the first job
+        gate.touch()
         wait_until(lambda: settled(client, first, ended, live))
         assert ended.payload is None and ended.fault == "cancelled"
         assert first.payload.request_id == first.request_id and live.payload.request_id == live.request_id
         assert client.stats.answered == 2
         started = client.submit(job(3), TOOLS)
-        time.sleep(0.2)  # the idle worker has taken it up: too late to drop, its answer is still recorded
-        client.cancel(started)
+        wait_until(lambda: (tmp_path / started.request_id).exists())  # the worker has taken it up: too late to
+        client.cancel(started)                                         # drop, its answer is still recorded
         wait_until(lambda: settled(client, started))
         assert started.payload is not None and started.cancelled
         assert client.idle_threads() == 1
