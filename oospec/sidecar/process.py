@@ -132,7 +132,6 @@ class SidecarClient:
         self._proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn, self._ready, self._busy_since = Connection(parent.detach()), False, None
-        self._abandon("crashed")  # a fresh worker knows no earlier job
 
     def wait_ready(self, timeout_s: float = 600.0) -> bool:
         """Block until the worker has loaded its model (start-up only, never inside a request)."""
@@ -222,8 +221,7 @@ class SidecarClient:
         if self._conn is not None and not self._closed:
             try:
                 self._conn.send(CLEAR_CACHE)
-                self._outstanding.clear()  # unanswered jobs are abandoned: a hang counts from the next one
-                self._busy_since = None
+                self._abandon("cleared")  # the worker drops them: a hang counts from the next job
             except (OSError, BrokenPipeError) as exc:
                 self._fault("crashed", f"cannot reach the sidecar: {exc}")
 
@@ -258,12 +256,13 @@ class SidecarClient:
 
     def cancel(self, ticket: Ticket | None) -> None:
         """The ticket's request has ended: the worker drops its job if it has not started it (never waits)."""
-        if ticket is None or ticket.cancelled or self._outstanding.get(ticket.request_id) is not ticket:
+        if ticket is None or ticket.cancelled or self._outstanding.get(ticket.request_id) is not ticket \
+                or self._conn is None:
             return
         ticket.cancelled = True
         try:
             self._conn.send((CANCEL, ticket.request_id))
-        except (OSError, BrokenPipeError, AttributeError) as exc:
+        except (OSError, BrokenPipeError) as exc:
             self._fault("crashed", f"cannot reach the sidecar: {exc}")
 
     def poll(self, ticket: Ticket | None) -> Payload | None:
@@ -284,10 +283,9 @@ class SidecarClient:
             self._abandon("crashed")
 
     def _abandon(self, fault: str) -> None:
-        """Every outstanding job is lost (the worker died or was restarted): its ticket ends with `fault`."""
+        """Every outstanding job is lost (the worker died, was restarted or cleared): its ticket ends with `fault`."""
         for ticket in self._outstanding.values():
-            if ticket.fault is None and ticket.payload is None:
-                ticket.fault = fault
+            ticket.fault = fault
         self._outstanding.clear()
         self._busy_since = None
 

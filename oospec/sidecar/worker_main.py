@@ -46,9 +46,10 @@ def _worker_main(conn: Connection, factory: str, options: dict, threads: int | N
                     queue.clear()
                     getattr(predictor, "clear_cache", lambda: None)()
                 elif isinstance(message, tuple) and message[0] == CANCEL:
-                    if any(job["request_id"] == message[1] for job in queue):
-                        queue = deque(job for job in queue if job["request_id"] != message[1])
+                    kept = deque(job for job in queue if job["request_id"] != message[1])
+                    if len(kept) < len(queue):  # not started yet: dropped, and the client told
                         conn.send(("dropped", (message[1], None)))
+                    queue = kept
                 else:
                     queue.append(message)
         except (EOFError, OSError):
