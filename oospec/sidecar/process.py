@@ -37,7 +37,7 @@ log = logging.getLogger("oospec.sidecar")
 
 # The LoRA adapter trained by `oospec sidecar train` and shipped with the package, per base model.
 ADAPTERS_DIR = Path(__file__).parent / "adapters"
-SHIPPED_ADAPTERS = {DEFAULT_SIDECAR: "qwen2.5-coder-0.5b-toolcalls"}
+SHIPPED_ADAPTERS = {DEFAULT_SIDECAR: "qwen2.5-coder-0.5b-toolcalls-v3"}
 
 
 def resolve_adapter(model: str, adapter: str | None) -> str | None:
