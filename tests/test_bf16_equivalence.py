@@ -1,10 +1,13 @@
 """bfloat16: speculative greedy output is plain greedy output of the same model in the same dtype, whatever the
-drafter; and `--dtype auto` picks bfloat16 on a CPU only where it computes bfloat16 natively.
+drafter (on CPUs that emulate bfloat16; where it is native, oneDNN's kernels are not batch-invariant and
+these are known to fail); `--dtype auto` never picks bfloat16 on a CPU; asking for it where it is native warns.
 
 Stock kernels run bfloat16 here (oospec's packed kernels are float32 only); on a CPU without native bfloat16
 they convert to float32 inside, slowly, so the cases are small."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
@@ -23,6 +26,12 @@ MAX_NEW = 24
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+# Where the CPU multiplies bfloat16 natively, oneDNN's kernels are not batch-invariant (cpu_features'
+# docstring): the equivalence tests below are then known to fail, and `--dtype auto` stays float32 there.
+# Not strict: whether a case diverges depends on near-ties in its logits.
+not_on_native_bf16 = pytest.mark.xfail(native_bf16() is not None, strict=False,
+                                       reason="oneDNN's native bfloat16 GEMM is not batch-invariant on this CPU")
+
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def tiny_bf16(request):
@@ -34,6 +43,7 @@ def drafters(reference, seed):
             HugeTreeDrafter(VOCAB, seed), DecoyOracleDrafter(reference, VOCAB, seed), RepeatDrafter()]
 
 
+@not_on_native_bf16
 @pytest.mark.parametrize("budget", [4, 48])
 def test_bf16_all_drafters_match_bf16_greedy(tiny_bf16, budget):
     target = TargetBackend(tiny_bf16, prefill_chunk=16)
@@ -56,6 +66,7 @@ def test_bf16_decoy_oracle_is_accepted_deep(tiny_bf16):
     assert np.array_equal(out.tokens, reference) and out.stats.tau > 4
 
 
+@not_on_native_bf16
 def test_smollm2_bf16_matches_bf16_greedy_on_tool_prompts(smollm2_path, smollm2_tokenizer):
     from oospec.datasets import load_dataset
     from oospec.engine.engine import Engine
@@ -80,22 +91,32 @@ CPUINFO_BF16 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\
 CPUINFO_AMX = "processor\t: 0\nflags\t\t: avx512f amx_bf16 amx_tile avx512_bf16\n"
 
 
-def test_auto_dtype_picks_bf16_only_on_native_bf16_cpus():
+def test_native_bf16_is_read_off_the_flags_and_auto_stays_float32_on_cpus():
     assert native_bf16(cpu_flags(CPUINFO_AVX2)) is None
     assert native_bf16(cpu_flags(CPUINFO_AVX512)) is None  # AVX-512 without BF16 only emulates it
     assert native_bf16(cpu_flags(CPUINFO_BF16)) == "avx512_bf16"  # the first processor's flags
     assert native_bf16(cpu_flags(CPUINFO_AMX)) == "amx_bf16"
     assert native_bf16(cpu_flags("")) is None  # no /proc/cpuinfo (macOS, Windows)
-    for info, want in ((CPUINFO_AVX2, "float32"), (CPUINFO_AVX512, "float32"), (CPUINFO_BF16, "bfloat16"),
-                       (CPUINFO_AMX, "bfloat16")):
-        assert auto_dtype("cpu", cpu_flags(info)) == want, info
-        assert auto_dtype("cuda:0", cpu_flags(info)) == "bfloat16"
-        assert auto_dtype("mps", cpu_flags(info)) == "float32"
+    # auto never picks bfloat16 on a CPU, native or not: it is not batch-invariant where it is native.
+    assert auto_dtype("cpu") == auto_dtype("mps") == "float32"
+    assert auto_dtype("cuda:0") == "bfloat16"
 
 
 def test_auto_dtype_of_this_machine_reaches_load_model(smollm2_path):
     from oospec.models.loading import load_model
 
     model, _ = load_model(smollm2_path, dtype="auto")
-    want = torch.bfloat16 if native_bf16() else torch.float32
-    assert next(model.parameters()).dtype == want
+    assert next(model.parameters()).dtype == torch.float32
+
+
+def test_bf16_asked_for_on_a_native_bf16_cpu_warns_that_output_can_differ(smollm2_path, monkeypatch):
+    from oospec.models import cpu_features
+    from oospec.models.loading import BatchVarianceWarning, load_model
+
+    monkeypatch.setattr(cpu_features, "this_cpu_flags", lambda: cpu_flags(CPUINFO_AMX))
+    with pytest.warns(BatchVarianceWarning, match="float32"):
+        load_model(smollm2_path, dtype="bfloat16")
+    monkeypatch.setattr(cpu_features, "this_cpu_flags", lambda: cpu_flags(CPUINFO_AVX2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BatchVarianceWarning)
+        load_model(smollm2_path, dtype="bfloat16")  # emulated bfloat16 converts to float32 inside: no warning

@@ -10,6 +10,7 @@ import torch
 from helpers import CHAT_TEMPLATE
 
 from oospec.errors import ModelIntegrityError, ModelNotFoundError, OospecError
+from oospec.models.cpu_features import auto_dtype
 from oospec.models.loading import load_model, load_tokenizer
 from oospec.models.provision import MARKER
 from oospec.models.registry import KNOWN_MODELS, ModelSpec
@@ -104,7 +105,7 @@ def tiny_qwen2_dir(tmp_path):
 def test_load_model_tiny_qwen2(tiny_qwen2_dir):
     model, tok = load_model(tiny_qwen2_dir)
     assert type(model).__name__ == "Qwen2ForCausalLM"
-    assert model.dtype == torch.float32  # auto on CPU
+    assert model.dtype == getattr(torch, auto_dtype("cpu"))  # auto: bfloat16 only on a CPU that multiplies it natively
     assert not model.training
     assert not any(p.requires_grad for p in model.parameters())
     assert model.config._attn_implementation == "sdpa"
@@ -195,3 +196,18 @@ def test_folder_without_config_is_model_not_found(tmp_path, tiny_qwen2_dir):
         load_model(tmp_path / "does-not-exist")
     with pytest.raises(ModelNotFoundError):
         load_tokenizer("not-a-model")
+
+
+def test_the_output_projection_gets_its_input_in_row_major_strides(tiny_qwen2_dir):
+    # transformers hands the head a strided view of the last positions (logits_to_keep); torch's CPU matmul
+    # then copies the whole weight per call (seconds in bfloat16 for a real vocabulary). load_model re-lays it.
+    model, _ = load_model(tiny_qwen2_dir, dtype="float32")
+    seen = []
+    model.get_output_embeddings().register_forward_pre_hook(lambda _m, args: seen.append(args[0].stride()))
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12], [13, 14, 15, 16]])
+    with torch.no_grad():
+        kept = model(ids, logits_to_keep=1).logits
+        full = model(ids).logits
+    hidden = model.config.hidden_size
+    assert seen == [(hidden, hidden, 1), (4 * hidden, hidden, 1)]
+    assert torch.equal(kept[:, 0], full[:, -1])

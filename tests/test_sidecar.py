@@ -6,6 +6,7 @@ The faults, and the sidecar with a real target, are in test_sidecar_faults.py.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from sidecar_fakes import InstantSidecar
 
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar import SidecarDrafter, SidecarReport
-from oospec.sidecar.predictor import RowRunner, SidecarPredictor, parse_value
+from oospec.sidecar.predictor import CALL_OPENERS, RowRunner, SidecarPredictor, parse_value
 from oospec.sidecar.protocol import Guess, Job, PayloadError, encode_payload, parse_payload
 from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import tools_from_openai
@@ -260,13 +261,19 @@ def test_predictor_payload_on_real_model(smol_predictor):
     # Every slot value the small model produced is typed by the schema (parse_payload keeps only those).
     assert set(payload.best.arguments) <= {p.name for p in TOOLS[0].parameters} | {"zone"}
     assert not payload.dropped
-    # Its belief that a call comes, in any of the openers the target may use (more openers: more belief).
+    # Its belief that a call comes, in any wrapper: the sum over every known opener, whichever the job names
+    # (a drafter's first request sends its dialect's guess, which need not be what the target writes).
     assert 0 < payload.call_probability <= 1 and payload.call_probability == pytest.approx(
         smol_predictor.call_probability, rel=1e-3)
-    one = smol_predictor.call_likelihood(job, smol_predictor.format.prompt(job))
-    more = smol_predictor.call_likelihood(Job("r1", job.messages, WEATHER, chat_tools=WEATHER, opener="<tool_call>\n",
-                                              openers=["", "```json\n"]), smol_predictor.format.prompt(job))
-    assert 0 < one < more <= 1
+    prompt = smol_predictor.format.prompt(job)
+    each = [smol_predictor.call_likelihood(replace(job, opener=o, openers=[]), prompt) for o in CALL_OPENERS]
+    assert each == pytest.approx([each[0]] * len(each), rel=1e-3)
+    # ... and it is the sum of the openers' own probabilities, so no single opener's is lost.
+    rows = [smol_predictor.format.encode(prompt + smol_predictor.format.function_prefix(replace(job, opener=o)))
+            for o in CALL_OPENERS]
+    _, logprobs = smol_predictor.score_rows(rows)
+    alone = [float(np.exp(lp.sum())) for lp in logprobs]
+    assert 0 < each[0] == pytest.approx(min(1.0, sum(alone)), rel=1e-3)
     # The follow-up once the target has chosen: that function's slots only.
     forced = Job("r2", job.messages, WEATHER, chat_tools=WEATHER, opener="<tool_call>\n", function="get_time")
     payload = parse_payload(smol_predictor.predict(forced), "r2", TOOLS)

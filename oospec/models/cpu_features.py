@@ -1,10 +1,15 @@
-"""What this CPU computes natively that decides the dtype: bfloat16 dot products (AVX512_BF16 or AMX).
+"""What this CPU computes natively in bfloat16 (AVX512_BF16 or AMX), and the dtype `--dtype auto` means.
 
-`auto_dtype` is the one rule behind every `--dtype auto`: bfloat16 on CUDA; on a CPU, bfloat16 only where
-the processor multiplies bfloat16 natively (there it halves the bytes every forward streams and doubles the
-arithmetic rate; measured in issue 17: `ar` 43.5 s in bfloat16 against 51.0 s in float32 on four requests),
-float32 everywhere else (AVX2 and plain AVX-512 only emulate bfloat16, by converting to float32 first, which
-is slower than float32 itself).
+`auto_dtype` is the one rule behind every `--dtype auto`: bfloat16 on CUDA, **float32 on every CPU**. bfloat16
+on a CPU is used only when asked for (`--dtype bfloat16`), because there it is not lossless for speculative
+decoding on the CPUs where it would pay: on a Xeon with AMX and AVX512_BF16 (torch 2.13, 2026-12-02) oneDNN's
+bfloat16 GEMM gives a row a result that depends on how many rows are multiplied with it (2-21 of the 64 x N
+outputs differ from the same rows multiplied one at a time, for Qwen2.5-0.5B's projection shapes), so a
+k-token verification forward does not rank tokens as a 1-token forward does, and
+`tests/test_bf16_equivalence.py` catches speculative output that differs from bfloat16 greedy decoding.
+(With oneDNN off, torch's own bfloat16 GEMM is row-invariant but slower than float32, and attention still
+differs.) Where bfloat16 is only emulated (AVX2, AVX-512 without BF16) it converts to float32 inside and is
+slower than float32 itself. `native_bf16` still says what the CPU can do, for reports and for that warning.
 """
 
 from __future__ import annotations
@@ -38,13 +43,11 @@ def native_bf16(flags: frozenset[str] | None = None) -> str | None:
     return next((flag for flag in BF16_FLAGS if flag in flags), None)
 
 
-def auto_dtype(device: str, flags: frozenset[str] | None = None) -> str:
+def auto_dtype(device: str) -> str:
     """The dtype `--dtype auto` means on `device`: 'bfloat16' or 'float32' (see the module docstring)."""
     if str(device).startswith("cuda"):
         return "bfloat16"
-    if str(device).startswith("cpu") and native_bf16(flags) is not None:
-        return "bfloat16"
-    return "float32"
+    return "float32"  # every CPU: see the module docstring for why not bfloat16 where it is native
 
 
 @lru_cache(maxsize=1)

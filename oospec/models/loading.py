@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +87,19 @@ def _torch_dtype(dtype: Any, device: str):
         from oospec.models.cpu_features import auto_dtype
 
         dtype = auto_dtype(device)
+    elif dtype == "bfloat16" and str(device).startswith("cpu"):
+        from oospec.models.cpu_features import native_bf16
+
+        if native_bf16() is not None:  # Python shows it once per call site
+            warnings.warn("bfloat16 on this CPU runs oneDNN's native kernels, whose results depend on how many "
+                          "tokens a forward holds: speculative output can differ from plain greedy decoding "
+                          "here; use --dtype float32 (or auto) for identical output", BatchVarianceWarning,
+                          stacklevel=3)
     return getattr(torch, dtype)
+
+
+class BatchVarianceWarning(UserWarning):
+    """bfloat16 was asked for on a CPU whose native bfloat16 GEMM is not batch-invariant (cpu_features)."""
 
 
 def _check_device(device: str) -> None:
@@ -132,8 +145,8 @@ def load_model(
     """Load ``(model, tokenizer)`` for inference.
 
     ``name_or_path`` is a known model name (pulled and converted on first use) or a local Hugging Face
-    folder. ``dtype="auto"`` means bfloat16 on CUDA and on CPUs with native bfloat16
-    arithmetic, float32 elsewhere (oospec.models.cpu_features.auto_dtype). The model is in eval mode with
+    folder. ``dtype="auto"`` means bfloat16 on CUDA and float32 on every CPU
+    (oospec.models.cpu_features.auto_dtype says why). The model is in eval mode with
     gradients off. Raises ``ModelNotFoundError`` for a missing model and ``ModelIntegrityError`` for
     corrupt, truncated or missing weights.
     """
@@ -176,5 +189,22 @@ def load_model(
         raise OospecError(f"Could not move the model to {device!r}: {exc}") from exc
     model.eval()
     model.requires_grad_(False)
+    contiguous_head_input(model)
     tokenizer = _load_tokenizer_from(folder)
     return model, tokenizer
+
+
+def contiguous_head_input(model) -> None:
+    """Hand the output projection its input in plain row-major strides. transformers computes logits on
+    `hidden_states[:, -k:, :]` (logits_to_keep), a strided 3-D view; torch's CPU matmul does not fold such a
+    view into one GEMM but broadcasts the weight to a batched matmul, copying all of it on every call: in
+    bfloat16 1-3 s for a 152k-token vocabulary (torch 2.13 on a Xeon with AMX), 30-100x the GEMM itself, once
+    per prefill and per sidecar row batch. `.contiguous()` is not enough: a (1, 1, h) view counts as
+    contiguous whatever its strides, and matmul still takes the slow path. Copying the kept rows costs
+    nothing next to that; the values are the same."""
+    import torch
+
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(
+            lambda _module, args: (args[0].clone(memory_format=torch.contiguous_format), *args[1:]))

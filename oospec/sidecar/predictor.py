@@ -35,12 +35,14 @@ import torch
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
+from oospec.tools.dialects import CLOSERS
 from oospec.tools.jsonscan import value_end
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
 VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
 NEXT_CALL = '{"name": "'  # what opens every call object in the task format, after its opener
+CALL_OPENERS = (*CLOSERS, "")  # every wrapper a target is known to put before a call object ("": none)
 
 
 class TaskFormat:
@@ -254,10 +256,13 @@ class SidecarPredictor:
         return shared, logprobs
 
     def call_likelihood(self, job: Job, prompt: str) -> float:
-        """The sidecar's belief that the answer opens a call, in any of the openers the target may use: the
-        openings are scored as continuations of the prompt in one batch (their first characters differ, so
+        """The sidecar's belief that the answer opens a call, in whatever wrapper: the job's openers and every
+        other one a target is known to write (`CALL_OPENERS`). A drafter's first request of a dialect sends the
+        dialect's opener, which need not be what this target writes (Qwen2.5-Coder fences its calls in
+        ```json even where its template asks for <tool_call>): "a call comes" must not hinge on that guess.
+        The openings are scored as continuations of the prompt in one batch (none is a prefix of another, so
         their probabilities add up)."""
-        openers = list(dict.fromkeys([job.opener, *(job.openers or ())]))
+        openers = list(dict.fromkeys([job.opener, *(job.openers or ()), *CALL_OPENERS]))
         rows = [self.format.encode(prompt + self.format.function_prefix(replace(job, opener=o))) for o in openers]
         _, logprobs = self.score_rows(rows, share_with=[self.format.encode(prompt)])
         return float(min(1.0, sum(np.exp(lp.sum()) for lp in logprobs)))
