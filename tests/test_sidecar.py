@@ -15,8 +15,9 @@ from sidecar_fakes import InstantSidecar
 
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar import SidecarDrafter, SidecarReport
-from oospec.sidecar.predictor import CALL_OPENERS, RowRunner, SidecarPredictor, parse_value
+from oospec.sidecar.predictor import RowRunner, SidecarPredictor, parse_value
 from oospec.sidecar.protocol import Guess, Job, PayloadError, encode_payload, parse_payload
+from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import tools_from_openai
 

@@ -189,12 +189,12 @@ def load_model(
         raise OospecError(f"Could not move the model to {device!r}: {exc}") from exc
     model.eval()
     model.requires_grad_(False)
-    contiguous_head_input(model)
+    row_major_head_input(model)
     tokenizer = _load_tokenizer_from(folder)
     return model, tokenizer
 
 
-def contiguous_head_input(model) -> None:
+def row_major_head_input(model) -> None:
     """Hand the output projection its input in plain row-major strides. transformers computes logits on
     `hidden_states[:, -k:, :]` (logits_to_keep), a strided 3-D view; torch's CPU matmul does not fold such a
     view into one GEMM but broadcasts the weight to a batched matmul, copying all of it on every call: in

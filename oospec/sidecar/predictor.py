@@ -35,14 +35,13 @@ import torch
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
-from oospec.tools.dialects import CLOSERS
+from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.jsonscan import value_end
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
 VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
 NEXT_CALL = '{"name": "'  # what opens every call object in the task format, after its opener
-CALL_OPENERS = (*CLOSERS, "")  # every wrapper a target is known to put before a call object ("": none)
 
 
 class TaskFormat:

@@ -36,6 +36,7 @@ from oospec.tools.schema import Param, Tool
 
 # Wrappers a target may put around its calls, whatever its dialect: the opener and the closer it asks for.
 CLOSERS = {"<tool_call>\n": "\n</tool_call>", "```json\n": "\n```", "```\n": "\n```"}
+CALL_OPENERS = (*CLOSERS, "")  # every wrapper a target is known to put before a call object ("": none)
 CALL_TAG = "<tool_call>"  # where a call region begins in a reply, in any dialect
 
 # --------------------------------------------------------------------------------------------------
@@ -423,6 +424,7 @@ __all__ = [
     "ARGS_KEYS",
     "CALL_HEADER",
     "CALL_TAG",
+    "CALL_OPENERS",
     "CLOSERS",
     "DIALECTS",
     "ApiBankDialect",
