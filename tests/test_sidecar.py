@@ -155,8 +155,9 @@ def test_sidecar_drafter_aligns_and_realigns(written, expected):
 
 
 def test_alternative_function_becomes_a_branch():
-    alt = Guess("get_time", {"zone": "CET"})
-    _, texts = drafter_after('<tool_call>\n{"name": "get_', [GOOD, alt])
+    alt = Guess("get_time", {"zone": "CET"}, -2.5)
+    drafter, texts = drafter_after('<tool_call>\n{"name": "get_', [replace(GOOD, score=-0.5), alt])
+    assert drafter.report.alternatives == [{"function": "get_time", "arguments": {"zone": "CET"}, "log_odds": -2.0}]
     assert texts == ['weather", "arguments": {"city": "Paris", "days": 3, "metric": true}}' + END,
                      'time", "arguments": {"zone": "CET"}}' + END]
     _, texts = drafter_after('<tool_call>\n{"name": "get_time", ', [GOOD, alt])
@@ -239,8 +240,9 @@ def test_function_choice_greedy_path_or_whole_name():
     # With the names' prior taken out (PMI): A is far likelier than its prior says, B just as likely as its prior.
     total.alternative_margin, total.prior_weight = 3.0, 1.0
     prior = np.array([-6.0, -0.1, -9.0])  # scores: 0.9, -0.5, -0.1
-    assert total.rank_functions(rows, 2, logprobs, prior) == [(0, pytest.approx(-5.1)), (2, pytest.approx(-9.1)),
-                                                              (1, pytest.approx(-0.6))]
+    # Each comes with the score it was ranked by (the payload's score; the report's log-odds are differences).
+    assert total.rank_functions(rows, 2, logprobs, prior) == [(0, pytest.approx(0.9)), (2, pytest.approx(-0.1)),
+                                                              (1, pytest.approx(-0.5))]
     with pytest.raises(ValueError, match="rank_by"):
         SidecarPredictor(None, None, rank_by="best")
 

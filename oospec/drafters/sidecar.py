@@ -72,7 +72,7 @@ class SidecarReport:
     arguments: dict | None = None
     no_call: bool | None = None
     call_probability: float | None = None
-    alternatives: list[dict] | None = None  # [{"function", "arguments"}] of the other guesses
+    alternatives: list[dict] | None = None  # [{"function", "arguments", "log_odds"}] of the other guesses
     following: list[dict] | None = None  # [{"function", "arguments"}] of the calls expected after the best
     dropped: list[str] | None = None  # slots the payload check removed
     followup: FollowUpReport | None = None
@@ -180,7 +180,9 @@ class SidecarDrafter(Drafter):
         report.function = payload.best.function if payload.best else None
         report.arguments = payload.best.arguments if payload.best else None
         report.no_call, report.call_probability = payload.best is None, payload.call_probability
-        report.alternatives = [{"function": g.function, "arguments": g.arguments} for g in payload.alternatives]
+        # With each alternative, its log-odds against the best guess under the sidecar: how close it came.
+        report.alternatives = [{"function": g.function, "arguments": g.arguments,
+                                "log_odds": round(g.score - payload.best.score, 3)} for g in payload.alternatives]
         if payload.following:
             report.following = [{"function": g.function, "arguments": g.arguments} for g in payload.following]
         report.dropped = list(payload.dropped)

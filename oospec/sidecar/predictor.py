@@ -285,8 +285,9 @@ class SidecarPredictor:
 
     def rank_functions(self, rows: list[list[int]], shared: int, logprobs: list[np.ndarray],
                        prior: np.ndarray | None = None) -> list[tuple[int, float]]:
-        """[(tool index, log-probability of its name)]: the chosen name (`rank_by`, `prior_weight`), then the
-        runners-up within the margin."""
+        """[(tool index, ranking score)]: the chosen name (`rank_by`, `prior_weight`), then the runners-up within
+        the margin. The score is what the names were ranked by (the name's log-probability less `prior_weight`
+        times its prior), so the difference between two is how far apart the ranking put them."""
         totals = np.array([lp.sum() for lp in logprobs])
         scores = totals if prior is None else totals - self.prior_weight * prior
         if self.rank_by == "total" or prior is not None:
@@ -295,7 +296,7 @@ class SidecarPredictor:
             best = self._greedy_path(rows, shared, logprobs)
         floor = max(scores[best], scores.max()) - self.alternative_margin
         others = [int(i) for i in np.argsort(-scores) if i != best and scores[i] >= floor]
-        return [(best, float(totals[best]))] + [(i, float(totals[i])) for i in others[: self.max_alternatives]]
+        return [(best, float(scores[best]))] + [(i, float(scores[i])) for i in others[: self.max_alternatives]]
 
     @staticmethod
     def _greedy_path(rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> int:

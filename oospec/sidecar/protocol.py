@@ -67,7 +67,9 @@ class Guess:
 
     function: str
     arguments: dict[str, Any]  # slot -> JSON value, in the order the target is expected to write them
-    score: float = 0.0  # log-probability of the function name under the sidecar
+    # What the sidecar ranked the function by: the name's log-probability, less `prior_weight` times its
+    # log-probability without the conversation. The difference between two guesses of one call is their log-odds.
+    score: float = 0.0
 
 
 @dataclass(frozen=True)
