@@ -223,6 +223,66 @@ def test_row_runner_batches_equal_single_rows():
         assert np.array_equal(gen, gen2) and all(np.allclose(a, b, atol=1e-4) for a, b in zip(lp, lp2))
 
 
+def test_row_runner_first_token_is_the_likeliest_allowed_one():
+    """`first` restricts a row's first generated token to the likeliest of the allowed ids; the rest is the greedy
+    continuation after it; a row given None decodes as it does without."""
+    from helpers import tiny_model
+
+    model = tiny_model("llama", seed=3)
+    prefix, suffixes = [5, 17, 42, 99, 7, 12], [[3], [8, 9, 10]]
+    runner = RowRunner(model)
+    runner.encode_prefix(prefix)
+    _, free = runner.run(suffixes, steps=5)
+    allowed = np.array([t for t in range(40, 90) if t != free[0, 0]], dtype=np.int64)
+    _, gen = runner.run(suffixes, steps=5, first=[allowed, None])
+    assert np.array_equal(gen[1], free[1])
+    ids = torch.tensor([prefix + suffixes[0]])
+    with torch.no_grad():
+        want = int(allowed[model(ids).logits[0, -1, torch.from_numpy(allowed)].argmax()])
+    assert gen[0, 0] == want != free[0, 0]
+    forced = torch.tensor([prefix + suffixes[0] + [want]])
+    ref = model.generate(forced, attention_mask=torch.ones_like(forced), do_sample=False, max_new_tokens=4,
+                         pad_token_id=0)[0, forced.shape[1]:].numpy()
+    assert np.array_equal(gen[0, 1:], ref)
+
+
+def test_slot_values_are_decoded_with_token_healing(smol_predictor):
+    """A value's first characters merge with the opener before them (` "(` and ` -` are single tokens), so a
+    row ending on the opener would ask for a split the model never saw (it drops the bracket of a formula).
+    Each slot row stops one token short; its first token must begin with the text left out; the value is read
+    after that text."""
+    p = SidecarPredictor(smol_predictor.model, smol_predictor.tokenizer)
+    spec = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {
+        "formula": {"type": "string"}, "shift": {"type": "integer"}, "terms": {"type": "array"}}}}}]
+    tool = tools_from_openai(spec)[0]
+    job = Job("h", [{"role": "user", "content": "Work out (7+2)*4, shifted by -3."}], spec, chat_tools=spec)
+    prompt = p.format.prompt(job)
+    answers = [' "(7+2)*4"}', " -3}", ' ["a", "b"]}']  # as the model would write them after `"formula":`
+    seen = {}
+
+    def run(rows, steps=0, keep_all_logits=False, stop=None, first=None):
+        seen.update(rows=rows, first=first)
+        for i, text in enumerate(answers):
+            gen = np.asarray(p.format.encode(text), dtype=np.int64)
+            assert gen[0] in first[i]
+            assert any(stop(i, gen[:k]) for k in range(1, gen.size + 1))  # the value ends
+        return [], None
+
+    p.runner.run = run
+    values = p.decode_free(job, prompt, [(tool, q) for q in tool.parameters])
+    assert values == {("calc", "formula"): "(7+2)*4", ("calc", "shift"): -3, ("calc", "terms"): ["a", "b"]}
+    for q, row, allowed in zip(tool.parameters, seen["rows"], seen["first"]):
+        whole = p.format.encode(prompt + p.format.slot_prefix(job, "calc", q))
+        assert row == whole[:-1]  # one token short of the opener
+        left_out = p.token_bytes(whole[-1])
+        assert left_out.strip() in (b'"', b"", b"[") and left_out.startswith(b" ")
+        begins = {t for t in range(len(p.tokenizer)) if p.token_bytes(t).startswith(left_out) and p.token_bytes(t)}
+        if q.type == "integer":  # and goes on as a number can: ` "` would make it a string, which is dropped
+            begins = {t for t in begins if p.token_bytes(t)[len(left_out):][:1] in (b"", b"-", *(bytes([c]) for c in b"0123456789"))}
+            assert p.format.encode(' "')[0] not in allowed
+        assert set(allowed.tolist()) == begins
+
+
 def test_function_choice_greedy_path_or_whole_name():
     """Greedy follows the likelier first token (as free generation would); "total" takes the likelier whole name
     (what the ranking loss trains). Runners-up within the margin follow either way."""

@@ -12,7 +12,7 @@ from oospec.bench import run as bench_run
 from oospec.bench.config import BenchConfig
 from oospec.bench.run import load_datasets
 from oospec.errors import OospecError
-from oospec.sidecar.provenance import training_manifest
+from oospec.sidecar.provenance import ADAPTERS_DIR, training_manifest
 
 
 # -- provenance: manifest version 2 ---------------------------------------------------------------------------
@@ -52,6 +52,11 @@ def test_v2_manifest_carries_what_the_adapter_it_started_from_used(tmp_path):
     assert m.overlap("t-1", {"OldTool"}) == []
     same = _v2_adapter(tmp_path / "self", items, {"train": [], "validation": [], "test": []}, init_adapter="self")
     assert training_manifest(same).overlap("t-1", set()) == []  # replaced in place: no loop
+    # Trained elsewhere (a run folder) from a shipped adapter, named as the split records it: that adapter's data.
+    shipped = "qwen2.5-coder-0.5b-toolcalls-v3"
+    elsewhere = _v2_adapter(tmp_path / "runs" / "v4", items, {"train": [], "validation": [], "test": []},
+                            init_adapter=shipped)
+    assert training_manifest(elsewhere).items == training_manifest(ADAPTERS_DIR / shipped).items | {"a-1"}
     lost = _v2_adapter(tmp_path / "lost", items, {"train": [], "validation": [], "test": []}, init_adapter="gone")
     with pytest.raises(OospecError, match="started from adapter 'gone'"):
         training_manifest(lost)

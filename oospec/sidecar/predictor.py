@@ -37,10 +37,11 @@ from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
 from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.jsonscan import value_end
+from oospec.tools.render import VALUE_OPENERS
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
-VALUE_OPENERS = {"string": '"', "array": "[", "object": "{"}
+NUMBER_STARTS = {"integer": b"-0123456789", "number": b"-.0123456789"}  # bytes a JSON number can begin with
 NEXT_CALL = '{"name": "'  # what opens every call object in the task format, after its opener
 
 
@@ -135,6 +136,7 @@ class SidecarPredictor:
         # conversation says; the prior measures that lean, so it can be taken out. Implies "total".
         self.prior_weight = prior_weight
         self._priors: dict[str, np.ndarray] = {}  # per tool list and system turn: agents reuse them
+        self._first_tokens: dict[tuple[bytes, str], np.ndarray] = {}  # (text left out, slot type) -> token ids
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_ids = set(getattr(tokenizer, "all_special_ids", []) or []) | ({eos} if eos is not None else set())
 
@@ -335,21 +337,27 @@ class SidecarPredictor:
         """Strings, numbers, arrays, objects: one row each, decoded greedily together until each value ends."""
         if not slots:
             return {}
-        rows = self._rows_after_prefix([self.format.encode(prompt + self.format.slot_prefix(job, t.name, p))
-                                        for t, p in slots])
+        # Token healing: a value's first characters merge with the opener before them (` "(`, ` ["`, ` {"`, ` -`
+        # are single tokens), so a row ending on the opener alone asks for a split the model never saw, in
+        # pretraining or in training (rows are encoded whole): it then writes `(5+6)*3` as `5 + 6 * 3`. Each row
+        # stops one token short instead, and its first token is one that begins with the text left out.
+        full = [self.format.encode(prompt + self.format.slot_prefix(job, t.name, p)) for t, p in slots]
+        healed = [self.token_bytes(row[-1]) for row in full]
+        rows = self._rows_after_prefix([row[:-1] for row in full])
         openers = [VALUE_OPENERS.get(p.type, "") for _, p in slots]
         texts: list[str | None] = [None] * len(slots)
 
         def stop(i: int, ids: np.ndarray) -> bool:
             if int(ids[-1]) in self.stop_ids:
                 return True
-            text = openers[i] + self.token_bytes.join(ids).decode("utf-8", errors="ignore")
+            text = openers[i] + self.token_bytes.join(ids)[len(healed[i]):].decode("utf-8", errors="ignore")
             end = value_end(text)
             if end is not None:
                 texts[i] = text[:end]
             return end is not None
 
-        self.runner.run(rows, steps=self.max_value_tokens, stop=stop)
+        self.runner.run(rows, steps=self.max_value_tokens + 1, stop=stop,
+                        first=[self.first_tokens(b, p) for b, (_, p) in zip(healed, slots)])
         values = {}
         for (tool, p), text in zip(slots, texts):
             if text is None:
@@ -362,6 +370,24 @@ class SidecarPredictor:
                 continue  # the sidecar says this optional slot is left out
             values[(tool.name, p.name)] = value
         return values
+
+    def first_tokens(self, left_out: bytes, p: Param) -> np.ndarray | None:
+        """The tokens a healed row of slot `p` may start with: those that begin with the text left out and
+        go on the way a value of the slot's type can (a number slot's is no quote: without the opener in the
+        row, the model would otherwise be free to write the slot as a string, which the payload drops)."""
+        if not left_out:
+            return None
+        key = (left_out, p.type)
+        found = self._first_tokens.get(key)
+        if found is None:
+            found = self.token_bytes.starting_with(left_out)
+            starts = NUMBER_STARTS.get(p.type)
+            if starts is not None:
+                n = len(left_out)
+                found = np.asarray([t for t in found.tolist() if len(b := self.token_bytes(t)) == n or b[n] in starts],
+                                   dtype=np.int64)
+            self._first_tokens[key] = found
+        return found
 
     def choose_closed(self, job: Job, prompt: str, slots: list[tuple[Tool, Param]]) -> dict:
         """Booleans and enums: every option scored as a row, in one batch; the likeliest wins."""

@@ -30,13 +30,13 @@ from typing import Any
 
 from oospec.models.registry import DEFAULT_SIDECAR
 from oospec.sidecar.protocol import CANCEL, CLEAR_CACHE, Job, Payload, PayloadError, parse_payload
+from oospec.sidecar.provenance import ADAPTERS_DIR
 from oospec.tools.schema import Tool
 
 log = logging.getLogger("oospec.sidecar")
 
 
-# The LoRA adapter trained by `oospec sidecar train` and shipped with the package, per base model.
-ADAPTERS_DIR = Path(__file__).parent / "adapters"
+# The LoRA adapter trained by `oospec sidecar train` and shipped with the package (in ADAPTERS_DIR), per base model.
 SHIPPED_ADAPTERS = {DEFAULT_SIDECAR: "qwen2.5-coder-0.5b-toolcalls-v3"}
 
 

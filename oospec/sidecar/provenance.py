@@ -16,6 +16,7 @@ from pathlib import Path
 
 from oospec.errors import OospecError
 
+ADAPTERS_DIR = Path(__file__).parent / "adapters"  # the adapters shipped with the package, a folder each
 WEIGHTS_FILES = ("adapter_model.safetensors", "adapter_model.bin")
 MANIFEST_FILES = ("data_manifest.json", "manifest.json")
 
@@ -83,12 +84,12 @@ def training_manifest(adapter: str | Path | None, _seen: frozenset[str] = frozen
 
 
 def _init_manifest(adapter: str | Path, init: str | None, seen: frozenset[str]) -> TrainingManifest | None:
-    """The manifest of the adapter this one started from: a folder path, or the name of a sibling folder (how
-    `oospec sidecar split --init-adapter` records a shipped adapter). One that cannot be found is an error: what
-    it was trained on would go unchecked."""
+    """The manifest of the adapter this one started from: a folder path, or the name of a sibling folder or of
+    a shipped adapter (how `oospec sidecar split --init-adapter` records one). One that cannot be found is an
+    error: what it was trained on would go unchecked."""
     if not init:
         return None
-    folder = next((p for p in (Path(init), Path(adapter).parent / init) if p.is_dir()), None)
+    folder = next((p for p in (Path(init), Path(adapter).parent / init, ADAPTERS_DIR / init) if p.is_dir()), None)
     if folder is None:
         raise OospecError(f"{adapter}: its manifest says it started from adapter {init!r}, which is not there "
                                 "(its training data could not be checked)")

@@ -57,11 +57,12 @@ class RowRunner:
 
     @torch.inference_mode()
     def run(self, suffixes: Sequence[Sequence[int]], steps: int = 0, keep_all_logits: bool = False,
-            stop=None):
+            stop=None, first: Sequence[np.ndarray | None] | None = None):
         """Feed each row its suffix after the prefix, then decode greedily up to `steps` tokens per row.
 
         Returns (suffix log-probs: list of (len,) arrays of each suffix token's log-probability, generated
-        ids: (rows, <=steps) array). `stop(row, ids) -> bool` ends a row early (all rows ended: stop)."""
+        ids: (rows, <=steps) array). `stop(row, ids) -> bool` ends a row early (all rows ended: stop).
+        `first`: per row, the ids its first generated token is chosen among (None: any)."""
         r = len(suffixes)
         lens = np.array([len(s) for s in suffixes])
         width = int(lens.max())
@@ -89,17 +90,26 @@ class RowRunner:
         logprobs = []
         if keep_all_logits:
             lsm = torch.log_softmax(logits, -1)
-            first = torch.log_softmax(self.prefix_logits, -1)
+            at_prefix = torch.log_softmax(self.prefix_logits, -1)
             for i, suf in enumerate(suffixes):
                 off = width - len(suf)
-                lp = [float(first[suf[0]])] + [float(lsm[i, off + j - 1, suf[j]]) for j in range(1, len(suf))]
+                lp = [float(at_prefix[suf[0]])] + [float(lsm[i, off + j - 1, suf[j]]) for j in range(1, len(suf))]
                 logprobs.append(np.array(lp))
         generated = np.zeros((r, steps), dtype=np.int64)
         if steps == 0:
             return logprobs, generated
         done = np.zeros(r, dtype=bool)
         kv_real = np.concatenate([np.ones((r, s), dtype=bool), real], axis=1)
-        next_ids = logits[:, -1].argmax(-1).cpu().numpy()
+        last = logits[:, -1]
+        if first is not None:
+            allowed = torch.zeros_like(last, dtype=torch.bool)
+            for i, ids_i in enumerate(first):
+                if ids_i is None:
+                    allowed[i] = True
+                else:
+                    allowed[i, torch.from_numpy(ids_i).to(last.device)] = True
+            last = last.masked_fill(~allowed, float("-inf"))
+        next_ids = last.argmax(-1).cpu().numpy()
         next_pos = s + lens
         for t in range(steps):
             generated[:, t] = next_ids

@@ -38,6 +38,8 @@ class TokenBytes:
         self._special = set(getattr(tokenizer, "all_special_ids", []) or [])
         vocab_probe = tokenizer.convert_ids_to_tokens(tokenizer.encode(" a", add_special_tokens=False))
         self._byte_level = any(t.startswith("Ġ") for t in vocab_probe)
+        self._vocab: list[bytes] | None = None  # every id's bytes, built on the first `starting_with`
+        self._starting: dict[bytes, np.ndarray] = {}
 
     def __call__(self, token_id: int) -> bytes:
         cached = self._cache.get(token_id)
@@ -63,6 +65,16 @@ class TokenBytes:
 
     def join(self, ids) -> bytes:
         return b"".join(self(int(i)) for i in ids)
+
+    def starting_with(self, prefix: bytes) -> np.ndarray:
+        """(k,) int64: every token whose bytes begin with `prefix`, ascending (memoised per prefix)."""
+        found = self._starting.get(prefix)
+        if found is None:
+            if self._vocab is None:
+                self._vocab = [self(i) for i in range(len(self.tokenizer))]
+            found = np.asarray([i for i, b in enumerate(self._vocab) if b.startswith(prefix) and b], dtype=np.int64)
+            self._starting[prefix] = found
+        return found
 
 
 class ContinuationEncoder:
