@@ -382,10 +382,9 @@ class SidecarPredictor:
         if found is None:
             found = self.token_bytes.starting_with(left_out)
             starts = NUMBER_STARTS.get(p.type)
-            if starts is not None:
-                n = len(left_out)
-                found = np.asarray([t for t in found.tolist() if len(b := self.token_bytes(t)) == n or b[n] in starts],
-                                   dtype=np.int64)
+            if starts is not None:  # the rest of the token: nothing, or a number's first byte
+                rest = [self.token_bytes(t)[len(left_out):len(left_out) + 1] for t in found.tolist()]
+                found = found[np.array([r in starts for r in rest], dtype=bool)]
             self._first_tokens[key] = found
         return found
 
