@@ -2,7 +2,6 @@
 the slots before it, in schema order. Usage: second_slot_pass.py TRACES[,TRACES] off,seq OUT.json"""
 import json, sys
 from oospec.sidecar.predictor import SidecarPredictor, TaskFormat, closed_options
-from oospec.tools.render import VALUE_OPENERS
 from oospec.sidecar.protocol import Guess
 from oospec.training.evaluate import agreement, format_report
 from oospec.training.traces import read_traces
@@ -12,9 +11,10 @@ class Seq(TaskFormat):
     def __init__(self, base):
         super().__init__(base.tokenizer); self.before = {}
     def slot_prefix(self, job, function, param):
-        b = self.before.get((function, param.name), "")
-        return (self.function_prefix(job) + function + f'", "{job.args_key}": {{' + b + f'"{param.name}": '
-                + VALUE_OPENERS.get(param.type, ""))
+        # TaskFormat's own row, with the earlier slots' text put in after the arguments' opening brace.
+        row = super().slot_prefix(job, function, param)
+        at = row.index("{", len(self.function_prefix(job) + function)) + 1
+        return row[:at] + self.before.get((function, param.name), "") + row[at:]
 
 class SeqPredictor(SidecarPredictor):
     mode = "seq"
@@ -24,7 +24,6 @@ class SeqPredictor(SidecarPredictor):
             return guesses
         fmt0 = self.format
         seq = Seq(fmt0)
-        slots = [(tool, p) for tool, _ in chosen for p in tool.parameters][: self.max_slot_rows]
         first = {g.function: g.arguments for g in guesses}
         todo = []
         for tool, _ in chosen:
