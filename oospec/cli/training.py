@@ -8,6 +8,7 @@ from pathlib import Path
 from oospec.cli.options import add_command, add_threads_option, positive_int, set_threads
 from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
+from oospec.sidecar.selfdraft import SLOT_ORDERS
 
 
 def cmd_traces(args) -> None:
@@ -101,7 +102,8 @@ def cmd_eval(args) -> None:
     if not traces:
         raise OospecError(f"no traces in {args.from_bench or args.traces}")
     # Overrides of how the trained adapters are queried (their sidecar.json otherwise), to compare choices.
-    overrides = {k: v for k, v in (("rank_by", args.rank_by), ("prior_weight", args.prior_weight)) if v is not None}
+    overrides = {k: v for k, v in (("rank_by", args.rank_by), ("prior_weight", args.prior_weight),
+                                   ("slot_order", args.slot_order)) if v is not None}
     runs = [] if args.skip_base else [("base " + args.base, None)]
     for given in args.adapter or []:
         folder = resolve_adapter(args.base, given)
@@ -227,6 +229,9 @@ def add_sidecar_parser(sub) -> None:
                    help="how the adapters' function is chosen (default: each one's sidecar.json)")
     p.add_argument("--prior-weight", type=float, default=None,
                    help="weight of the names' prior taken out of their scores (default: each one's sidecar.json)")
+    p.add_argument("--slot-order", choices=SLOT_ORDERS, default=None,
+                   help="parallel: one row per slot; in-order: then the best call written in one row, the parallel "
+                        "values as its draft (default: each one's sidecar.json)")
     p.set_defaults(func=cmd_eval)
     p = add_command(sc, "tune", "choose an adapter's sidecar.json settings on the validation traces",
                     "oospec sidecar tune --traces runs/sidecar-split/validation.jsonl --adapter runs/sidecar-adapter")

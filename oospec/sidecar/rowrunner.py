@@ -127,3 +127,42 @@ class RowRunner:
                 layer.keep(None, 1)
             next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()
         return logprobs, generated
+
+    @torch.inference_mode()
+    def greedy_chain(self, suffix: Sequence[int], steps: int, propose, stop=None) -> tuple[np.ndarray, int]:
+        """Greedy decoding of one row after the prefix, `steps` tokens at most, checking `propose(generated)`'s
+        draft tokens in the same forward: speculative decoding with the sidecar as its own target. The tokens
+        are the row's greedy continuation whatever the draft says; a right draft only saves forwards.
+
+        Returns (generated ids, forwards). `stop(generated) -> bool` ends the row after a token."""
+        s = len(self.prefix_ids)
+        committed = s  # slots in the cache: the prefix, then every fed token whose successor is known
+        pending = list(suffix)
+        cache, layers = self._row_cache(1, s + len(pending) + 2 * steps + 1)
+        generated: list[int] = []
+        forwards = 0
+        while len(generated) < steps:
+            draft = [int(t) for t in propose(generated)][: steps - len(generated) - 1]
+            feed = pending + draft
+            q = len(feed)
+            # (1, 1, q, committed + q): the whole cache, then causal among the fed tokens.
+            mask = torch.zeros((1, 1, q, committed + q), dtype=self.dtype)
+            mask[0, 0, :, committed:] = torch.triu(torch.full((q, q), self.neg, dtype=self.dtype), diagonal=1)
+            out = self.model(input_ids=torch.tensor([feed], device=self.device),
+                             position_ids=torch.arange(committed, committed + q, device=self.device)[None],
+                             attention_mask=mask.to(self.device), use_cache=True, **cache_arg(cache),
+                             logits_to_keep=len(draft) + 1)
+            forwards += 1
+            greedy = out.logits[0].argmax(-1).tolist()  # the token after each of the last len(draft)+1 fed
+            accepted = 0
+            while accepted < len(draft) and draft[accepted] == greedy[accepted]:
+                accepted += 1
+            for layer in layers:
+                layer.keep(None, len(pending) + accepted)
+            committed += len(pending) + accepted
+            for token in draft[:accepted] + [greedy[accepted]]:
+                generated.append(token)
+                if (stop is not None and stop(generated)) or len(generated) >= steps:
+                    return np.array(generated, dtype=np.int64), forwards
+            pending = [generated[-1]]
+        return np.array(generated, dtype=np.int64), forwards
