@@ -348,7 +348,7 @@ class SidecarPredictor:
         row = self.format.encode(prompt + self.format.function_row(job, tool.name))
         drafted = self.format.encode(prompt + self.format.call_text(job, tool.name, guessed))
         (suffix,) = self._rows_after_prefix([row])
-        start = len(row) if drafted[: len(row)] == row else common_prefix_length([row, drafted])
+        start = common_prefix_length([row, drafted])  # the draft: what the guess writes after the row
         text: list[str | None] = [None]
 
         def stop(ids: list[int]) -> bool:
