@@ -1,9 +1,7 @@
 """bfloat16: speculative greedy output is plain greedy output of the same model in the same dtype, whatever the
-drafter (on CPUs that emulate bfloat16; where it is native, oneDNN's kernels are not batch-invariant and
-these are known to fail); `--dtype auto` never picks bfloat16 on a CPU; asking for it where it is native warns.
-
-Stock kernels run bfloat16 here (oospec's packed kernels are float32 only); on a CPU without native bfloat16
-they convert to float32 inside, slowly, so the cases are small."""
+drafter, on every CPU: the invariant forward (oospec.engine.invariant) gives each verification row the bits of a
+1-row forward. Asking for bfloat16 without it on a CPU with native bfloat16 warns (stock kernels are not
+batch-invariant there); `--dtype auto` for a target is decided by oospec.engine.precision's probe."""
 
 from __future__ import annotations
 
@@ -16,9 +14,9 @@ from adversarial import DecoyOracleDrafter, EmptyDrafter, HugeTreeDrafter, Rando
 from helpers import VOCAB, greedy_reference, tiny_model
 
 from oospec.drafters import make_drafter
-from oospec.engine.cpu_kernels import optimize_for_cpu
 from oospec.engine.decode import generate
 from oospec.engine.drafting import Request
+from oospec.engine.invariant import install
 from oospec.engine.target import TargetBackend
 from oospec.models.cpu_features import auto_dtype, cpu_flags, native_bf16
 
@@ -26,16 +24,12 @@ MAX_NEW = 24
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# Where the CPU multiplies bfloat16 natively, oneDNN's kernels are not batch-invariant (cpu_features'
-# docstring): the equivalence tests below are then known to fail, and `--dtype auto` stays float32 there.
-# Not strict: whether a case diverges depends on near-ties in its logits.
-not_on_native_bf16 = pytest.mark.xfail(native_bf16() is not None, strict=False,
-                                       reason="oneDNN's native bfloat16 GEMM is not batch-invariant on this CPU")
-
 
 @pytest.fixture(scope="module", params=["qwen2", "llama"])
 def tiny_bf16(request):
-    return tiny_model(request.param).to(torch.bfloat16)
+    model = tiny_model(request.param).to(torch.bfloat16)
+    assert install(model)["applied"]
+    return model
 
 
 def drafters(reference, seed):
@@ -43,7 +37,6 @@ def drafters(reference, seed):
             HugeTreeDrafter(VOCAB, seed), DecoyOracleDrafter(reference, VOCAB, seed), RepeatDrafter()]
 
 
-@not_on_native_bf16
 @pytest.mark.parametrize("budget", [4, 48])
 def test_bf16_all_drafters_match_bf16_greedy(tiny_bf16, budget):
     target = TargetBackend(tiny_bf16, prefill_chunk=16)
@@ -66,15 +59,16 @@ def test_bf16_decoy_oracle_is_accepted_deep(tiny_bf16):
     assert np.array_equal(out.tokens, reference) and out.stats.tau > 4
 
 
-@not_on_native_bf16
 def test_smollm2_bf16_matches_bf16_greedy_on_tool_prompts(smollm2_path, smollm2_tokenizer):
     from oospec.datasets import load_dataset
     from oospec.engine.engine import Engine
     from oospec.models.loading import load_model
 
     model, _ = load_model(smollm2_path, dtype="bfloat16")
-    assert not optimize_for_cpu(model)["applied"]  # the packed kernels are float32 only: stock kernels run
-    engine = Engine(model, smollm2_tokenizer)
+    assert install(model)["applied"]
+    # One prefill forward, as transformers' generate does: prompts this long take the prefill's stock GEMM,
+    # whose rounding depends on the chunking (every method shares the engine's; the reference has its own).
+    engine = Engine(model, smollm2_tokenizer, prefill_chunk=0)
     for i, sample in enumerate(load_dataset("apibank", split="1", limit=2)):
         prompt = engine.encode(sample.messages, sample.chat_tools())
         reference = greedy_reference(model, prompt, 32, engine.eos_ids)
@@ -91,13 +85,13 @@ CPUINFO_BF16 = "processor\t: 0\nflags\t\t: avx2 avx512f avx512_bf16 avx512_vnni\
 CPUINFO_AMX = "processor\t: 0\nflags\t\t: avx512f amx_bf16 amx_tile avx512_bf16\n"
 
 
-def test_native_bf16_is_read_off_the_flags_and_auto_stays_float32_on_cpus():
+def test_native_bf16_is_read_off_the_flags_and_unprobed_auto_stays_float32_on_cpus():
     assert native_bf16(cpu_flags(CPUINFO_AVX2)) is None
     assert native_bf16(cpu_flags(CPUINFO_AVX512)) is None  # AVX-512 without BF16 only emulates it
     assert native_bf16(cpu_flags(CPUINFO_BF16)) == "avx512_bf16"  # the first processor's flags
     assert native_bf16(cpu_flags(CPUINFO_AMX)) == "amx_bf16"
     assert native_bf16(cpu_flags("")) is None  # no /proc/cpuinfo (macOS, Windows)
-    # auto never picks bfloat16 on a CPU, native or not: it is not batch-invariant where it is native.
+    # Without a probe (sidecars, tools) auto is float32 on a CPU; a target's auto is probed (test_invariant.py).
     assert auto_dtype("cpu") == auto_dtype("mps") == "float32"
     assert auto_dtype("cuda:0") == "bfloat16"
 
@@ -109,14 +103,19 @@ def test_auto_dtype_of_this_machine_reaches_load_model(smollm2_path):
     assert next(model.parameters()).dtype == torch.float32
 
 
-def test_bf16_asked_for_on_a_native_bf16_cpu_warns_that_output_can_differ(smollm2_path, monkeypatch):
+def test_bf16_without_the_invariant_kernels_on_a_native_bf16_cpu_warns(smollm2_path, monkeypatch):
+    from oospec.engine.precision import load_target
     from oospec.models import cpu_features
-    from oospec.models.loading import BatchVarianceWarning, load_model
+    from oospec.models.loading import BatchVarianceWarning
 
     monkeypatch.setattr(cpu_features, "this_cpu_flags", lambda: cpu_flags(CPUINFO_AMX))
-    with pytest.warns(BatchVarianceWarning, match="float32"):
-        load_model(smollm2_path, dtype="bfloat16")
+    with pytest.warns(BatchVarianceWarning, match="invariant kernels"):
+        load_target(smollm2_path, dtype="bfloat16", optimize=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", BatchVarianceWarning)
+        model, _, _ = load_target(smollm2_path, dtype="bfloat16")  # the invariant kernels: no warning
+        assert model.oospec_invariant["applied"]
     monkeypatch.setattr(cpu_features, "this_cpu_flags", lambda: cpu_flags(CPUINFO_AVX2))
     with warnings.catch_warnings():
         warnings.simplefilter("error", BatchVarianceWarning)
-        load_model(smollm2_path, dtype="bfloat16")  # emulated bfloat16 converts to float32 inside: no warning
+        load_target(smollm2_path, dtype="bfloat16", optimize=False)  # emulated bfloat16: stock kernels, no warning

@@ -59,13 +59,9 @@ def _pad_token_id(engine) -> int:
 
 def optimize_like_target(model, optimize: bool) -> None:
     """The CPU kernels Engine.from_pretrained(optimize=...) gives the target, for a model loaded beside it."""
-    if not optimize:
-        return
-    try:
-        from oospec.engine.cpu_kernels import optimize_for_cpu
-    except ImportError:  # kernels are an optional speed-up
-        return
-    optimize_for_cpu(model)
+    from oospec.engine.precision import prepare
+
+    prepare(model, optimize)
 
 
 class HFPeer:

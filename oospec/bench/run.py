@@ -268,9 +268,10 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "dtype": str(param.dtype).replace("torch.", ""),
         "device": str(param.device),
         "optimize": cfg.optimize,
-        "kernels": kernels_note(cfg.optimize),
+        "kernels": kernels_note(engine.model),
+        "dtype_choice": getattr(engine, "dtype_note", ""),
         "assistant": cfg.assistant if "hf-assisted" in names else None,
-        "assistant_kernels": kernels_note(cfg.optimize) if "hf-assisted" in names else None,
+        "assistant_kernels": kernels_note(shared_assistant(methods)) if "hf-assisted" in names else None,
         "sidecar": {"model": cfg.sidecar_model, "adapter": adapter, "adapter_sha256": weights_sha256(adapter),
                     "threads": cfg.sidecar_threads, "device": cfg.sidecar_device,
                     "cache": "cleared before a run of the item the sidecar served last (another method's, or "
@@ -347,15 +348,18 @@ def machine_info() -> dict:
     return info
 
 
-def kernels_note(optimize: bool) -> str:
-    """What Engine.from_pretrained(optimize=...) actually did: the CPU kernels are optional."""
-    if not optimize:
-        return "stock transformers (--no-optimize)"
-    import importlib.util
+def kernels_note(model) -> str:
+    """Which kernels the model's forwards run (oospec.engine.precision.prepare installed them, or not)."""
+    report = getattr(model, "oospec_invariant", None) if model is not None else None
+    if not report:
+        return "stock transformers"
+    return f"oospec.engine.invariant: {report['kernels']}, forwards of <= {report['step_rows']} rows row-invariant"
 
-    if importlib.util.find_spec("oospec.engine.cpu_kernels") is None:
-        return "stock transformers (oospec.engine.cpu_kernels not available)"
-    return "oospec.engine.cpu_kernels"
+
+def shared_assistant(methods):
+    """The assistant model of the hf-assisted method, if one is in the run."""
+    return next((getattr(getattr(m, "shared", None), "assistant_model", None) for m in methods
+                 if m.name == "hf-assisted"), None)
 
 
 def command_line(cfg: BenchConfig) -> str:

@@ -41,10 +41,9 @@ def cmd_bench_cost_curve(args) -> None:
 
         model, _ = load_model(args.model, dtype=args.dtype, device=args.device)
         model.config._name_or_path = args.model
-    if not args.no_optimize:
-        from oospec.engine.cpu_kernels import optimize_for_cpu
+    from oospec.engine.precision import prepare
 
-        optimize_for_cpu(model)
+    prepare(model, not args.no_optimize)  # the target's kernels (the invariant forward), as Engine uses them
     result = cost_curve.measure(model, prompt_len=args.prompt_len, ks=ks, repeats=args.repeats)
     result["optimized"] = not args.no_optimize
     print(cost_curve.format_table(result))

@@ -95,6 +95,9 @@ def generate(
     """
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     p = prompt.size
+    step_nodes = getattr(target, "max_tree_nodes", None)  # the invariant forward's limit (TargetBackend)
+    if step_nodes is not None:
+        budget = min(budget, step_nodes)
     eos = np.fromiter(request.eos_ids, dtype=np.int64)
     check_fits(p, max_new_tokens, target.max_context)
     stats = GenerationStats(sampling="greedy" if sampling is None else f"speculative sample({sampling.describe()})")

@@ -62,21 +62,20 @@ class Engine:
         self.target = TargetBackend(model, prefill_chunk)
         self.budget = budget
         self.eos_ids = self._eos_ids()
+        self.dtype_note = ""  # what `--dtype auto` chose and why (from_pretrained)
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: str = "auto", device: str = "cpu", optimize: bool = True,
                         **kwargs) -> Engine:
-        from oospec.models.loading import load_model
+        """Load a target. optimize: the invariant CPU kernels (oospec.engine.invariant), which make every
+        verification row bitwise the 1-row forward; dtype "auto": bfloat16 where the CPU has it natively and
+        the probe shows the forward invariant, else float32 (oospec.engine.precision)."""
+        from oospec.engine.precision import load_target
 
-        model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
-        if optimize:
-            try:
-                from oospec.engine.cpu_kernels import optimize_for_cpu
-            except ImportError:  # kernels are an optional speed-up
-                pass
-            else:
-                optimize_for_cpu(model)
-        return cls(model, tokenizer, **kwargs)
+        model, tokenizer, note = load_target(name_or_path, dtype=dtype, device=device, optimize=optimize)
+        engine = cls(model, tokenizer, **kwargs)
+        engine.dtype_note = note
+        return engine
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()

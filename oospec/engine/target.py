@@ -113,6 +113,10 @@ class TargetBackend:
         self._layers: list[SlotLayer] = []
         self._cache: Cache | None = None
         self._neg = torch.finfo(self.dtype).min
+        # The invariant forward (oospec.engine.invariant) covers forwards of at most STEP_ROWS rows: trees
+        # stay within it, so every verification row is computed as a 1-row decode would compute it.
+        invariant = getattr(model, "oospec_invariant", None)
+        self.max_tree_nodes = invariant["step_rows"] - 1 if invariant else None
 
     @property
     def length(self) -> int:
@@ -168,6 +172,11 @@ class TargetBackend:
     @torch.inference_mode()
     def verify_logits(self, pending: int, tree: TokenTree) -> torch.Tensor:
         """Like `verify`, but return the (len(tree)+1, vocab) logits."""
+        return self.verify_outputs(pending, tree).logits[0]
+
+    @torch.inference_mode()
+    def verify_outputs(self, pending: int, tree: TokenTree, hidden_states: bool = False):
+        """The model's output of one verification forward (hidden_states: after every layer as well)."""
         q = len(tree) + 1
         start = self.length
         tokens = np.empty(q, dtype=np.int64)
@@ -183,9 +192,10 @@ class TargetBackend:
             position_ids=pos,
             attention_mask=self._tree_mask(tree, start),
             use_cache=True,
+            output_hidden_states=hidden_states,
             **cache_arg(self._cache),
         )
-        return out.logits[0]
+        return out
 
     @torch.inference_mode()
     def commit(self, accepted: np.ndarray) -> None:

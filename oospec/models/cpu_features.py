@@ -1,15 +1,12 @@
-"""What this CPU computes natively in bfloat16 (AVX512_BF16 or AMX), and the dtype `--dtype auto` means.
+"""What this CPU computes natively in bfloat16 (AVX512_BF16 or AMX), and what an unprobed `--dtype auto` means.
 
-`auto_dtype` is the one rule behind every `--dtype auto`: bfloat16 on CUDA, **float32 on every CPU**. bfloat16
-on a CPU is used only when asked for (`--dtype bfloat16`), because there it is not lossless for speculative
-decoding on the CPUs where it would pay: on a Xeon with AMX and AVX512_BF16 (torch 2.13, 2026-12-02) oneDNN's
-bfloat16 GEMM gives a row a result that depends on how many rows are multiplied with it (2-21 of the 64 x N
-outputs differ from the same rows multiplied one at a time, for Qwen2.5-0.5B's projection shapes), so a
-k-token verification forward does not rank tokens as a 1-token forward does, and
-`tests/test_bf16_equivalence.py` catches speculative output that differs from bfloat16 greedy decoding.
-(With oneDNN off, torch's own bfloat16 GEMM is row-invariant but slower than float32, and attention still
-differs.) Where bfloat16 is only emulated (AVX2, AVX-512 without BF16) it converts to float32 inside and is
-slower than float32 itself. `native_bf16` still says what the CPU can do, for reports and for that warning.
+`auto_dtype` is the rule for models loaded without a probe (the sidecar, tools): bfloat16 on CUDA, float32 on a
+CPU. A *target*'s `--dtype auto` on a CPU is decided by `oospec.engine.precision`: bfloat16 only where the CPU
+has it natively (`native_bf16`) and the invariant forward (`oospec.engine.invariant`) passes the bitwise probe.
+Stock bfloat16 is not that: oneDNN's native bfloat16 GEMM gives a row a result that depends on how many rows
+are multiplied with it (a Xeon with AMX, torch 2.13), and on an AMD EPYC with AVX512_BF16 a verification
+forward ranked a token differently from the 1-token forward (a changed BFCL argument). Where bfloat16 is only
+emulated (AVX2, AVX-512 without BF16) it converts to float32 inside and is slower than float32 itself.
 """
 
 from __future__ import annotations

@@ -87,19 +87,12 @@ def _torch_dtype(dtype: Any, device: str):
         from oospec.models.cpu_features import auto_dtype
 
         dtype = auto_dtype(device)
-    elif dtype == "bfloat16" and str(device).startswith("cpu"):
-        from oospec.models.cpu_features import native_bf16
-
-        if native_bf16() is not None:  # Python shows it once per call site
-            warnings.warn("bfloat16 on this CPU runs oneDNN's native kernels, whose results depend on how many "
-                          "tokens a forward holds: speculative output can differ from plain greedy decoding "
-                          "here; use --dtype float32 (or auto) for identical output", BatchVarianceWarning,
-                          stacklevel=3)
     return getattr(torch, dtype)
 
 
 class BatchVarianceWarning(UserWarning):
-    """bfloat16 was asked for on a CPU whose native bfloat16 GEMM is not batch-invariant (cpu_features)."""
+    """bfloat16 was asked for on a CPU with native bfloat16 without the invariant kernels, whose stock GEMMs are
+    not batch-invariant (oospec.engine.precision warns)."""
 
 
 def _check_device(device: str) -> None:

@@ -1,0 +1,81 @@
+"""The row-invariant C++ kernels (`invariant.cpp`): built once per processor and torch, loaded on demand.
+
+`native()` returns the compiled module, or None when it cannot be built here (no C++ compiler, say): callers
+then use the pure-torch kernels of `oospec.engine.invariant`, which keep the same guarantee at lower speed.
+`make venv` builds it (`python -m oospec.engine.kernels`), so no request ever waits for the compiler.
+
+The build is keyed by the source, the instruction-set flags and the torch version, and kept under
+`$OOSPEC_KERNELS_DIR` (default `~/.cache/oospec-kernels`, apart from `$OOSPEC_HOME`, which tests point at
+temporary folders).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from oospec.models.cpu_features import this_cpu_flags
+
+SOURCE = Path(__file__).with_name("invariant.cpp")
+log = logging.getLogger(__name__)
+
+# Instruction sets the kernels use, the best first: (cpuinfo flags required, compiler flags).
+_ISA_LEVELS = (
+    (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
+     ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c")),
+    (("avx512f", "avx512bw", "avx512vl", "fma", "avx2"), ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c")),
+    (("avx2", "fma"), ("-mavx2", "-mfma", "-mf16c")),
+)
+# -ffp-contract=off: the compiler may not fuse a multiply and an add the source wrote apart (the order of
+# every reduction is the source's, see invariant.cpp).
+_BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math")
+
+
+def isa_flags(flags: frozenset[str] | None = None) -> tuple[str, ...]:
+    """Compiler flags for the best instruction set this CPU has (empty: portable scalar code)."""
+    flags = this_cpu_flags() if flags is None else flags
+    return next((cflags for needed, cflags in _ISA_LEVELS if all(f in flags for f in needed)), ())
+
+
+def build_dir() -> Path:
+    env = os.environ.get("OOSPEC_KERNELS_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "oospec-kernels"
+
+
+def build_key() -> str:
+    import torch
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    h.update(" ".join(_BASE_FLAGS + isa_flags()).encode())
+    h.update(f"{torch.__version__} {sys.version_info[:2]}".encode())
+    return h.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def native():
+    """The compiled kernels module, or None (the reason is logged once) where they cannot be built."""
+    if os.environ.get("OOSPEC_PURE_TORCH_KERNELS"):
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        # pip's ninja (a dependency) lives beside this interpreter, which need not be on PATH (.venv/bin/python)
+        scripts = str(Path(sys.executable).parent)
+        if scripts not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+        key = build_key()
+        folder = build_dir() / key
+        folder.mkdir(parents=True, exist_ok=True)
+        return load(name=f"oospec_invariant_{key}", sources=[str(SOURCE)], build_directory=str(folder),
+                    extra_cflags=list(_BASE_FLAGS + isa_flags()), verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a read-only cache: the pure-torch kernels take over
+        log.warning("oospec: the C++ invariant kernels could not be built (%s: %s); using the slower "
+                    "pure-torch kernels, which give the same guarantee", type(exc).__name__, str(exc)[:300])
+        return None
