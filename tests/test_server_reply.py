@@ -54,7 +54,13 @@ def test_messages_are_validated_with_the_field_named():
     bad({"messages": []}, "messages")
     bad({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")
     bad({"messages": [{"role": "user"}]}, "messages[0].content")
-    bad({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content")
+    image = bad({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                "messages[0].content[0]")
+    assert "'image_url'" in image.message and "str" not in image.message  # the part named, not the union's members
+    bad({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text")
+    long_name = bad({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                     "tool_choice": {"type": "function", "function": {"name": "x" * 100_000}}}, "tool_choice")
+    assert len(long_name.message) < 400
     bad({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
                                                                                           "arguments": "{oops"}}]}]},
         "arguments")

@@ -35,6 +35,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     accept_any_model: bool = False  # False: a request naming another model gets 404, as vLLM answers
     max_body_mb: float = 4.0  # larger request bodies get 413
+    body_timeout_s: float = 30.0  # a request body not whole by then gets 408 and its connection is closed
 
 
 @dataclass
