@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from oospec.server.errors import APIError, clip
 from oospec.server.guard import APIKeyCheck, BodyGuard, RequestLog
 from oospec.server.schemas import ChatCompletion, ChatCompletionRequest, ErrorBody, to_chat_request, validation_error
-from oospec.server.service import Completion, ModelService, Work
+from oospec.server.service import Completion, ModelService, Work, sidecar_health
 from oospec.server.worker import Cancelled, QueuedRequest
 
 log = logging.getLogger("oospec.server")
@@ -124,6 +124,8 @@ def create_app(service: ModelService) -> FastAPI:
             prepare_limiter.append(anyio.CapacityLimiter(PREPARE_AT_ONCE))
         work = await anyio.to_thread.run_sync(service.prepare, req, limiter=prepare_limiter[0])
         note.update(id=work.id, method=config.method, prompt_tokens=int(work.prompt.ids.size))
+        if service.sidecar is not None:  # the log line says whether this request could have had hints
+            note["sidecar"] = sidecar_health(service.sidecar)["state"]
         timeout_s = service.timeout_for(req)
         if req.stream:
             return await _stream(service, work, timeout_s, request, note)
