@@ -186,7 +186,7 @@ def check_against_greedy(engine, resp, tool_names, forced_function=None, forced_
     reference = engine.generate(prompt_ids=prompt, max_new_tokens=int(completion.size)).tokens
     assert np.array_equal(completion, reference)
     text = forced_text + engine.tokenizer.decode(completion, skip_special_tokens=True)
-    content, calls = parse_reply(text, tool_names, get_dialect("hermes"), forced_function)
+    content, calls = parse_reply(text, tool_names, get_dialect("hermes"), forced_function, forced_text)
     msg = resp.choices[0].message
     assert msg.content == content
     assert [(c.function.name, c.function.arguments) for c in msg.tool_calls or ()] == \
@@ -229,6 +229,27 @@ def test_tool_choice_variants(server, engine):
     assert none.choices[0].message.tool_calls is None
     assert "<tools>" not in engine.tokenizer.decode(ids_of(none)[0])  # tools left out of the prompt
     check_against_greedy(engine, none, None)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_cut_by_max_tokens_is_a_cut_call_not_the_servers_text(server, stream):
+    """Issue 33: with max_tokens 1 the reply is the start of the forced call (finish_reason "length"), never the
+    server's forced prefix returned as content."""
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "What is 17 * 23 + 4?"}], tools=[WEATHER, TIME],
+                  max_tokens=1, tool_choice={"type": "function", "function": {"name": "get_time"}})
+    if not stream:
+        choice = server.client().chat.completions.create(**kwargs).choices[0]
+        content, calls, finish = choice.message.content, choice.message.tool_calls, choice.finish_reason
+        names = [c.function.name for c in calls]
+    else:
+        content, names, finish = "", [], None
+        for chunk in server.client().chat.completions.create(stream=True, **kwargs):
+            for choice in chunk.choices:
+                content += choice.delta.content or ""
+                names += [d.function.name for d in choice.delta.tool_calls or () if d.function.name]
+                finish = choice.finish_reason or finish
+        content = content or None
+    assert (content, names, finish) == (None, ["get_time"], "length")
 
 
 def test_streaming_text_and_tool_calls(server):

@@ -26,7 +26,8 @@ RELIABILITY: dict = {}  # measured figures, printed at the end of the module (ru
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = Server(tmp_path_factory.mktemp("hostile"), "--max-queue", "4", "--default-max-tokens", "4",
-                 "--max-body-mb", "24", "--header-timeout", "2", "--log-level", "info")
+                 "--max-body-mb", "24", "--header-timeout", "2", "--body-timeout", "2",
+                 "--log-level", "info")
     yield srv
     print("\nRELIABILITY", json.dumps(RELIABILITY))
     assert srv.stop() == 0, srv.output()
@@ -176,6 +177,39 @@ def test_idle_sockets_are_closed_after_the_header_timeout(server):
         t0 = time.monotonic()
         assert s.recv(100) == b""  # closed by the server
         assert time.monotonic() - t0 < 5
+
+
+def test_errors_say_what_is_wrong_in_one_bounded_line(server):
+    """Issue 33: a missing Content-Type is named as such, an image part by its type, a huge model name is not
+    sent back whole."""
+    conn = httpclient.HTTPConnection("127.0.0.1", server.port, timeout=30)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps({"messages": CHAT}).encode(),
+                 headers={"Authorization": f"Bearer {KEY}"})  # a valid body, no Content-Type
+    resp = conn.getresponse()
+    error = json.loads(resp.read())["error"]
+    assert resp.status == 415 and "no Content-Type" in error["message"], error
+    error = refused(server, 415, raw=b"{}", **{"Content-Type": "text/plain; charset=utf-8"})
+    assert "'text/plain; charset=utf-8'" in error["message"]
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    error = refused(server, 400, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, image]}]},
+                    param="messages[0].content[1]")
+    assert "'image_url'" in error["message"] and "\n" not in error["message"] and len(error["message"]) < 200
+    error = refused(server, 404, {"messages": CHAT, "model": "m" * 200_000}, param="model")
+    assert len(error["message"]) < 300 and "…" in error["message"]
+    status, reply, _ = http("GET", server.url + "/v1/models/" + "m" * 5000, key=KEY)
+    assert status == 404 and len(reply["error"]["message"]) < 300
+
+
+def test_a_body_that_stops_arriving_gets_408_and_the_connection_is_closed(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Authorization: Bearer " + KEY.encode() + b"\r\nContent-Length: 1000\r\n\r\n{\"messages\": [")
+        t0 = time.monotonic()
+        answer = b""
+        while chunk := s.recv(4096):  # read until the server closes the connection
+            answer += chunk
+        assert time.monotonic() - t0 < 10  # the body timeout is 2 s
+    assert answer.startswith(b"HTTP/1.1 408") and b"request_timeout" in answer, answer[:300]
 
 
 def test_streamed_and_final_arguments_are_the_same_text(server):

@@ -54,7 +54,13 @@ def test_messages_are_validated_with_the_field_named():
     bad({"messages": []}, "messages")
     bad({"messages": [{"role": "wizard", "content": "hi"}]}, "messages[0].role")
     bad({"messages": [{"role": "user"}]}, "messages[0].content")
-    bad({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content")
+    image = bad({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+                "messages[0].content[0]")
+    assert "'image_url'" in image.message and "str" not in image.message  # the part named, not the union's members
+    bad({"messages": [{"role": "user", "content": [{"type": "text"}]}]}, "messages[0].content[0].text")
+    long_name = bad({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS,
+                     "tool_choice": {"type": "function", "function": {"name": "x" * 100_000}}}, "tool_choice")
+    assert len(long_name.message) < 400
     bad({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f",
                                                                                           "arguments": "{oops"}}]}]},
         "arguments")
@@ -269,3 +275,72 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
                                          CALL_TEXT, 5)
     assert [c.name for c in calls] == ["get_weather"]
     assert [c["name"] for c in assemble(events)[1]] == ["get_weather"]
+
+
+# --------------------------------------------------------------------------------------------------
+# Issue 33: only offered functions are called; non-object arguments; forced starts are not content
+# --------------------------------------------------------------------------------------------------
+
+NAMES = ["get_weather", "get_time"]
+UNKNOWN = '<tool_call>\n{"name": "Paris", "arguments": {"city": "Paris"}}\n</tool_call>'
+KNOWN = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def both_ways(text, step=3, **kwargs):
+    """(content, calls) parsed whole, after checking that a stream of the same text agrees with it."""
+    events, content, calls, ids = replay(ToolCallStream(NAMES, HERMES, **kwargs), text, step)
+    streamed_content, streamed = assemble(events)
+    assert streamed_content == (content or "")
+    assert [(c["name"], c["arguments"]) for c in streamed] == [(c.name, c.arguments) for c in calls]
+    assert all(ev[3] in NAMES for ev in events if ev[0] == "call")  # no unoffered name is ever announced
+    return content, calls
+
+
+def test_a_call_to_a_function_not_offered_is_text():
+    assert both_ways(UNKNOWN) == (UNKNOWN, [])
+    assert both_ways("Sure.\n" + UNKNOWN) == ("Sure.\n" + UNKNOWN, [])
+    unknown_last = "Two calls.\n" + KNOWN + "\n" + UNKNOWN  # the calls end at the unoffered one
+    content, calls = both_ways(unknown_last)
+    assert content == "Two calls." and [c.name for c in calls] == ["get_weather"]
+    content, calls = both_ways(UNKNOWN + "\n" + KNOWN)  # the first call is not offered: all of it is text
+    assert content == UNKNOWN + "\n" + KNOWN and calls == []
+    for name in ("time_in_tokyo", "get_weather ", "GET_WEATHER"):  # near misses are not offered either
+        text = UNKNOWN.replace("Paris", name, 1)
+        assert parse_reply(text, NAMES, HERMES) == (text, [])
+
+
+def test_a_forced_reply_that_calls_nothing_offered_is_the_models_text_only():
+    forced = "<tool_call>\n"  # tool_choice required
+    text = forced + UNKNOWN[len(forced):]
+    content, calls = both_ways(text, forced=forced)
+    assert content == UNKNOWN[len(forced):] and calls == []
+    assert parse_reply(forced, NAMES, HERMES, forced=forced) == (None, [])  # nothing of the model's: no content
+    named = '<tool_call>\n{"name": "get_time", "arguments": '  # tool_choice names get_time
+    content, calls = both_ways(named + 'oops', forced=named, forced_function="get_time")
+    assert content == "oops" and calls == []
+
+
+@pytest.mark.parametrize("value", ["17", "-2.5e3", "true", "null", "[1, 2]", '"17 * 23 + 4"'])
+def test_arguments_that_are_not_an_object_are_still_a_call_with_the_models_text(value):
+    text = '<tool_call>\n{"name": "get_time", "arguments": ' + value + ', "extra": 1}\n</tool_call>'
+    content, calls = both_ways(text)
+    assert content is None and [(c.name, c.arguments, c.complete) for c in calls] == [("get_time", value, True)]
+
+
+def test_a_number_at_the_very_end_may_go_on_so_the_call_is_cut():
+    text = '<tool_call>\n{"name": "get_time", "arguments": 17'
+    assert [(c.arguments, c.complete) for c in parse_reply(text, NAMES, HERMES)[1]] == [("17", False)]
+    assert [(c.arguments, c.complete) for c in parse_reply(text + "}", NAMES, HERMES)[1]] == [("17", True)]
+
+
+def test_a_forced_call_cut_right_after_its_start_is_a_cut_call(tokenizer):
+    forced = '<tool_call>\n{"name": "get_time", "arguments": '
+    for written in ("", "{", '{"ci'):
+        rb = ReplyBuilder(tokenizer, stops=[], forced_text=forced, tool_names=NAMES, dialect=HERMES,
+                          forced_function="get_time")
+        rb.push(tokenizer.encode(written, add_special_tokens=False))
+        reply = rb.finish()
+        assert reply.content is None and not reply.calls_complete
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in reply.tool_calls] == [("get_time", written)]
+        content, streamed = assemble(rb.drain())
+        assert content == "" and [c["name"] for c in streamed] == ["get_time"]

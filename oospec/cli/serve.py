@@ -49,6 +49,8 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body; larger ones get 413")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send a request's headers before it is closed")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds a request's body may take to arrive whole before the server answers 408 and closes")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation before serving")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_runtime_options(p)
@@ -88,6 +90,7 @@ def build_service(args):
         shutdown_grace_s=args.shutdown_grace,
         accept_any_model=args.accept_any_model,
         max_body_mb=args.max_body_mb,
+        body_timeout_s=args.body_timeout,
     )
     return ModelService(engine, config, drafter, sidecar)
 

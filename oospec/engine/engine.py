@@ -15,6 +15,7 @@ from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
 from oospec.engine.target import PREFILL_CHUNK, TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
+from oospec.tools.chat_text import ClientText
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -52,6 +53,14 @@ def validate_messages(messages: Any) -> list[dict]:
     return messages
 
 
+def render_chat(client: ClientText, messages: list[dict], tools: list[dict] | None) -> str:
+    """The chat template's text (generation prompt included), or InvalidMessagesError with the template's reason."""
+    try:
+        return client.render(messages, tools)
+    except Exception as exc:  # the template's own checks (role order, missing fields) surface as clear errors
+        raise InvalidMessagesError(f"the chat template rejected these messages: {exc}") from exc
+
+
 class Engine:
     """One target model and its tokenizer; `generate` decodes with any drafter, losslessly: greedy output is
     token-identical to plain greedy, sampled output has plain sampling's distribution."""
@@ -87,17 +96,12 @@ class Engine:
         return frozenset(int(i) for i in ids)
 
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
-        """Render chat messages (and tools) with the model's chat template into prompt token ids."""
+        """Render chat messages (and tools) with the model's chat template into prompt token ids. Control-token
+        strings in the messages and tools are tokenized as text: only the template's own markup is control
+        tokens (oospec.tools.chat_text)."""
         validate_messages(messages)
-        try:
-            ids = self.tokenizer.apply_chat_template(
-                messages, tools=tools or None, add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-        except Exception as exc:  # the template's own checks (role order, missing fields) surface as clear errors
-            raise InvalidMessagesError(f"the chat template rejected these messages: {exc}") from exc
-        if isinstance(ids, dict) or hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        return np.asarray(ids, dtype=np.int64).reshape(-1)
+        client = ClientText(self.tokenizer)
+        return client.encode_array(render_chat(client, client.mark(messages), client.mark(tools)))
 
     def generate(
         self,

@@ -24,10 +24,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from oospec.server.errors import APIError
+from oospec.server.errors import APIError, clip
 from oospec.server.guard import APIKeyCheck, BodyGuard, RequestLog
 from oospec.server.schemas import ChatCompletion, ChatCompletionRequest, ErrorBody, to_chat_request, validation_error
-from oospec.server.service import Completion, ModelService, Work
+from oospec.server.service import Completion, ModelService, Work, sidecar_health
 from oospec.server.worker import Cancelled, QueuedRequest
 
 log = logging.getLogger("oospec.server")
@@ -93,7 +93,8 @@ def create_app(service: ModelService) -> FastAPI:
         return JSONResponse(body, status_code=500)
 
     # Added innermost first: RequestLog sees every answer, BodyGuard reads only bodies with a valid key.
-    app.add_middleware(BodyGuard, max_body_bytes=int(config.max_body_mb * 2**20))
+    app.add_middleware(BodyGuard, max_body_bytes=int(config.max_body_mb * 2**20),
+                       body_timeout_s=config.body_timeout_s)
     app.add_middleware(APIKeyCheck, api_key=config.api_key)
     app.add_middleware(RequestLog)
 
@@ -108,7 +109,7 @@ def create_app(service: ModelService) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         if model_id != config.model_name:
-            raise APIError(404, f"model {model_id!r} is not served here (this server serves {config.model_name!r})",
+            raise APIError(404, f"model {clip(model_id)!r} is not served here (this server serves {config.model_name!r})",
                            type="not_found_error", param="model", code="model_not_found")
         return model_card(service)
 
@@ -117,12 +118,14 @@ def create_app(service: ModelService) -> FastAPI:
         note = request.scope.get("state", {}).get("oospec", {})
         req = to_chat_request(body, default_temperature=config.default_temperature)
         if req.model is not None and req.model != config.model_name and not config.accept_any_model:
-            raise APIError(404, f"The model `{req.model}` does not exist: this server serves `{config.model_name}`.",
+            raise APIError(404, f"The model `{clip(req.model)}` does not exist: this server serves `{config.model_name}`.",
                            param="model", code="model_not_found")
         if not prepare_limiter:
             prepare_limiter.append(anyio.CapacityLimiter(PREPARE_AT_ONCE))
         work = await anyio.to_thread.run_sync(service.prepare, req, limiter=prepare_limiter[0])
         note.update(id=work.id, method=config.method, prompt_tokens=int(work.prompt.ids.size))
+        if service.sidecar is not None:  # the log line says whether this request could have had hints
+            note["sidecar"] = sidecar_health(service.sidecar)["state"]
         timeout_s = service.timeout_for(req)
         if req.stream:
             return await _stream(service, work, timeout_s, request, note)

@@ -18,5 +18,15 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
+ECHO_CHARS = 100  # the most of a client's string an error message repeats
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """A client's string as an error message may quote it: at most `limit` characters, then "…" (a 200 KB model
+    name is not sent back whole)."""
+    text = str(text)
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)

@@ -3,11 +3,13 @@
 Plain ASGI middleware (streaming is untouched), outermost first:
   RequestLog   one log line per request: id, status, seconds, prompt / cached / new tokens, decoding path, tau;
   APIKeyCheck  `Authorization: Bearer <key>` on every route but /health (401);
-  BodyGuard    a body is JSON (415 otherwise; no Content-Type is read as JSON, as FastAPI does), at most
-               `max_body_bytes` (413), nested at most MAX_JSON_DEPTH deep (400: Python's json parser would
-               recurse once per level).
-A body that is refused is still read to its end (up to DRAIN_LIMIT, then the connection is closed), so that a
-client still sending it gets the answer rather than a reset connection.
+  BodyGuard    a body says it is JSON (415 naming what is wrong: no Content-Type, or another type; FastAPI
+               would not read a body without one as JSON and answer that it is not an object), arrives whole
+               within `body_timeout_s` (408, then the connection is closed: a client that sends headers and
+               stops is not waited on for ever), is at most `max_body_bytes` (413), nested at most
+               MAX_JSON_DEPTH deep (400: Python's json parser would recurse once per level).
+A body that is refused is still read to its end (up to DRAIN_LIMIT and the body timeout, then the connection is
+closed), so that a client still sending it gets the answer rather than a reset connection.
 
 `HeaderTimeoutH11` closes connections that do not finish their request headers in time (uvicorn times out only
 idle keep-alive connections after a response, not a socket that never sends a request).
@@ -24,7 +26,7 @@ import numpy as np
 from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from oospec.server.errors import APIError, bad_request
+from oospec.server.errors import APIError, bad_request, clip
 
 log = logging.getLogger("oospec.server")
 
@@ -74,9 +76,14 @@ def check_json_body(raw: bytes) -> None:
         raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep")
 
 
-def _is_json(content_type: str) -> bool:
+def content_type_error(content_type: str) -> APIError | None:
+    """The 415 for a body that does not say it is JSON, naming what it says instead; None for JSON."""
     media = content_type.split(";", 1)[0].strip().lower()
-    return media in ("", "application/json") or media.endswith("+json")
+    if media == "application/json" or media.endswith("+json"):
+        return None
+    said = "has no Content-Type header" if not media else f"has Content-Type {clip(content_type.strip(), 60)!r}"
+    return APIError(415, f"the request {said}: send the JSON body with Content-Type: application/json",
+                    code="unsupported_media_type")
 
 
 async def _answer(exc: APIError, scope, receive, send) -> None:
@@ -98,39 +105,27 @@ async def _drain(receive, more: bool, limit: int = DRAIN_LIMIT) -> bool:
 
 
 class BodyGuard:
-    def __init__(self, app, max_body_bytes: int):
+    def __init__(self, app, max_body_bytes: int, body_timeout_s: float = 30.0):
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout_s = body_timeout_s
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
         headers = dict(scope.get("headers") or ())
-        limit = self.max_body_bytes
-        if not _is_json(headers.get(b"content-type", b"").decode("latin-1")):
-            await _drain(receive, True)
-            return await _answer(APIError(415, "the request body must be JSON (Content-Type: application/json)",
-                                          code="unsupported_media_type"), scope, receive, send)
-        too_big = APIError(413, f"the request body is larger than this server's limit of {limit / 2**20:g} MB",
-                           code="request_too_large", headers={"Connection": "close"})
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            await _drain(receive, True)
-            return await _answer(too_big, scope, receive, send)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            more = message.get("more_body", False)
-            if size > limit:
-                chunks.clear()
-                await _drain(receive, more)
-                return await _answer(too_big, scope, receive, send)
-        body = b"".join(chunks)
-        chunks.clear()
+        # One deadline for the whole body, refused or read: a client that stops sending is answered 408 and cut off.
+        try:
+            with anyio.fail_after(self.body_timeout_s):
+                body = await self._read(headers, receive)
+        except TimeoutError:
+            late = APIError(408, f"the request body did not arrive within {self.body_timeout_s:g} s",
+                            code="request_timeout", headers={"Connection": "close"})
+            return await _answer(late, scope, receive, send)
+        except APIError as exc:
+            return await _answer(exc, scope, receive, send)
+        if body is None:  # the client went away
+            return
         try:
             await anyio.to_thread.run_sync(check_json_body, body)
         except APIError as exc:
@@ -145,6 +140,33 @@ class BodyGuard:
             return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app(scope, replay, send)
+
+    async def _read(self, headers: dict, receive) -> bytes | None:
+        """The whole body (None: the client went away), or the APIError that refuses it once it is drained."""
+        limit = self.max_body_bytes
+        refused = content_type_error(headers.get(b"content-type", b"").decode("latin-1"))
+        if refused is not None:
+            await _drain(receive, True)
+            raise refused
+        too_big = APIError(413, f"the request body is larger than this server's limit of {limit / 2**20:g} MB",
+                           code="request_too_large", headers={"Connection": "close"})
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:
+            await _drain(receive, True)
+            raise too_big
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            more = message.get("more_body", False)
+            if size > limit:
+                chunks.clear()
+                await _drain(receive, more)
+                raise too_big
+        return b"".join(chunks)
 
 
 class APIKeyCheck:

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oospec.engine.engine import render_chat, validate_messages
 from oospec.errors import InvalidMessagesError
 from oospec.server.errors import bad_request
 from oospec.server.schemas import ChatRequest
+from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import Dialect, ToolCall, get_dialect
 from oospec.tools.render import to_json
 
@@ -50,26 +52,24 @@ def build_prompt(engine, req: ChatRequest) -> Prompt:
     tokenizer = engine.tokenizer
     dialect = get_dialect(req.options.dialect)
     offer_tools = bool(req.tools) and req.tool_choice != "none" and not req.options.tools_in_prompt
+    # The client's strings are marked before anything of the server's joins them, so that control-token strings
+    # in them are tokenized as text and the server's markup (dialect, tools block) as the tokenizer reads it.
+    client = ClientText(tokenizer)
+    client_messages, client_tools = client.mark(req.messages), client.mark(req.tools)
     if template_knows_tools(tokenizer):
-        messages, template_tools = req.messages, (req.tools if offer_tools else None)
+        messages, template_tools = client_messages, (client_tools if offer_tools else None)
     else:
-        messages, template_tools = as_plain_messages(req.messages, dialect), None
+        messages, template_tools = as_plain_messages(client_messages, dialect), None
         if offer_tools:
-            messages = with_tools_in_system(messages, req.tools, dialect)
+            messages = with_tools_in_system(messages, client_tools, dialect)
     forced = forced_reply_start(req, dialect)
     try:
-        if not forced:
-            ids = engine.encode(messages, template_tools)
-        else:
-            text = tokenizer.apply_chat_template(messages, tools=template_tools, add_generation_prompt=True,
-                                                 tokenize=False)
-            ids = np.asarray(tokenizer.encode(text + forced, add_special_tokens=False), dtype=np.int64)
+        validate_messages(messages)
+        ids = client.encode_array(render_chat(client, messages, template_tools) + forced)
     except InvalidMessagesError as exc:
         raise bad_request(str(exc), "messages") from None
-    except Exception as exc:  # the template's own checks (role order, missing fields)
-        raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
-    return Prompt(ids=ids, messages=messages, forced_text=forced, dialect=dialect,
-                  template_tools=template_tools or [])
+    return Prompt(ids=ids, messages=client.unmark(messages), forced_text=forced, dialect=dialect,
+                  template_tools=client.unmark(template_tools) or [])
 
 
 def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:

@@ -15,7 +15,16 @@ Tool calls are read from the reply (when tools were offered and tool_choice is n
   * otherwise the reply is content.
 Arguments are the model's own JSON text (whitespace, key order and duplicated keys as it wrote them), the same
 streamed and not streamed, as OpenAI-compatible servers return them; arguments it wrote as a JSON string are
-that string's content.
+that string's content; arguments it wrote as another JSON value (`17`) are that value's text, still a call (the
+client sees what the model wrote; arguments are not guaranteed to be an object). Arguments that reach the end
+of the reply without a whole JSON value are a cut-off call (`complete=False`, finish_reason "length").
+
+Only offered functions are called (issue 33). Calls are read in order and end at the first call to a function
+that was not offered: a reply whose first call names one is text (content), never a call; calls before it are
+kept and it and what follows are dropped, as a stream has already sent those calls. A JSON-only reply is a call
+only when every object in it names an offered function. This holds whatever tool_choice was: a reply forced to
+call (required, named) that calls no offered function ends as content with finish_reason "stop" (or "length"
+when it was cut off), the model's own text: the reply start the server forced is never returned as content.
 """
 
 from __future__ import annotations
@@ -117,25 +126,44 @@ class CallOut:
 
 
 def parse_reply(text: str, tool_names: list[str] | None, dialect: Dialect,
-                forced_function: str | None = None) -> tuple[str | None, list[CallOut]]:
+                forced_function: str | None = None, forced: str = "") -> tuple[str | None, list[CallOut]]:
     """(content, calls) of a finished reply; tool_names None: tools were not offered, the text is content.
 
     forced_function: the reply was forced to start calling this function (tool_choice), so a reply without
-    `<tool_call>` is still read call by call."""
+    `<tool_call>` is still read call by call. forced: the start of `text` the server forced; content never
+    holds it."""
     if tool_names is None:
         return text, []
     at = text.find(CALL_TAG)
     if at >= 0:
-        calls = calls_in_region(text, at)
+        calls = offered(calls_in_region(text, at), tool_names)
         if calls:
             content = text[:at].rstrip()
             return (content if content.strip() else None), calls
-        return text, []
-    calls = [CallOut.of(c) for c in json_only_calls(text, dialect)] or (calls_in_region(text, 0) if forced_function
-                                                                           else [])
+        return model_text(text, forced), []
+    calls = [CallOut.of(c) for c in json_only_calls(text, dialect)]
     if calls and all(c.name in tool_names for c in calls):
         return None, calls
-    return text, []
+    if forced_function and not calls:
+        calls = offered(calls_in_region(text, 0), tool_names)
+        if calls:
+            return None, calls
+    return model_text(text, forced), []
+
+
+def offered(calls: list[CallOut], tool_names: list[str]) -> list[CallOut]:
+    """The calls before the first one to a function that was not offered."""
+    for i, call in enumerate(calls):
+        if call.name not in tool_names:
+            return calls[:i]
+    return calls
+
+
+def model_text(text: str, forced: str) -> str | None:
+    """A reply read as content: what the model wrote after the start the server forced (None: nothing)."""
+    if not forced or not text.startswith(forced):
+        return text
+    return text[len(forced):] or None
 
 
 def calls_in_region(text: str, start: int) -> list[CallOut]:
@@ -156,12 +184,18 @@ def calls_in_region(text: str, start: int) -> list[CallOut]:
             calls.append(CallOut(name, text[at:at + end]))
             cursor = at + end
             continue
-        try:  # arguments written as a JSON string holding the object
+        if not text[at:].strip():  # cut off right after the header (max_tokens): a call with no arguments yet
+            calls.append(CallOut(name, "", complete=False))
+            break
+        try:
             value, end = _DECODER.raw_decode(text, at)
         except ValueError:
             break
         if isinstance(value, str) and isinstance(_json_or_none(value), dict):
-            calls.append(CallOut(name, value))
+            calls.append(CallOut(name, value))  # arguments written as a JSON string holding the object
+        else:  # another JSON value: the model's own text; at the very end of the text it may go on (1 -> 17)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            calls.append(CallOut(name, text[at:end], complete=not (number and end == len(text))))
         cursor = end
     return calls or [CallOut.of(c) for c in extract_json_calls(text[start:])]
 
@@ -215,9 +249,10 @@ class ToolCallStream:
     ("content", text), ("call", index, id, name), ("args", index, fragment)."""
 
     def __init__(self, tool_names: list[str] | None, dialect: Dialect, parallel: bool = True,
-                 forced_function: str | None = None):
+                 forced_function: str | None = None, forced: str = ""):
         self.tool_names = tool_names
         self.forced_function = forced_function
+        self.forced = forced  # the reply start the server forced: never sent as content
         self.dialect = dialect
         self.parallel = parallel
         self.text = ""
@@ -247,11 +282,13 @@ class ToolCallStream:
 
     def finish(self) -> tuple[str | None, list[CallOut], list[str], list[tuple]]:
         """The final content, calls and call ids, and the events that make the stream agree with them."""
-        content, calls = parse_reply(self.text, self.tool_names, self.dialect, self.forced_function)
+        content, calls = parse_reply(self.text, self.tool_names, self.dialect, self.forced_function, self.forced)
         if not self.parallel:
             calls = calls[:1]
         events: list[tuple] = []
         if self.mode in ("plain", "content") or (not calls and not self.calls):
+            if not calls and self.forced and self.text.startswith(self.forced):
+                self.sent = max(self.sent, len(self.forced))  # (nothing of it was sent: it opens a call region)
             events += self._send_content(len(self.text))  # (a call region that holds no call is content)
         ids = [c.id for c in self.calls[: len(calls)]]
         for i, call in enumerate(calls[len(self.calls):], start=len(self.calls)):
@@ -300,6 +337,9 @@ class ToolCallStream:
                 self.blocked = True
                 return events
             name = header_name(header)
+            if name not in self.tool_names:  # not offered: never announced; the final parse ends the calls here
+                self.blocked = True
+                return events
             call = _StreamedCall(new_call_id(), name, header.end())
             self.calls.append(call)
             events.append(("call", len(self.calls) - 1, call.id, name))
@@ -331,7 +371,7 @@ class ReplyBuilder:
                  dialect: Dialect, parallel_tool_calls: bool = True, forced_function: str | None = None):
         self.detok = Detokenizer(tokenizer)
         self.stop = StopMatcher(stops)
-        self.calls = ToolCallStream(tool_names, dialect, parallel_tool_calls, forced_function)
+        self.calls = ToolCallStream(tool_names, dialect, parallel_tool_calls, forced_function, forced_text)
         self.tokens = 0
         self.stopped = False
         self.events: list[tuple] = self.calls.feed(forced_text) if forced_text else []

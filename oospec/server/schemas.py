@@ -32,7 +32,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from oospec.errors import SchemaError
-from oospec.server.errors import APIError, bad_request
+from oospec.server.errors import APIError, bad_request, clip
 from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 
@@ -55,9 +55,12 @@ class Wire(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
 
 
-class TextPart(Wire):
-    type: Literal["text"]
-    text: str
+class ContentPart(Wire):
+    """A part of a message's content: only text is supported, and any other type is refused by name (not as a
+    mismatch of every member of a union)."""
+
+    type: str
+    text: str | None = None
 
 
 class FunctionCallIn(Wire):
@@ -73,7 +76,7 @@ class ToolCallIn(Wire):
 
 class Message(Wire):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None  # images and audio are not supported
+    content: str | list[ContentPart] | None = None  # images and audio are not supported
     name: str | None = None
     tool_calls: list[ToolCallIn] | None = None
     tool_call_id: str | int | None = None
@@ -276,7 +279,7 @@ def validation_error(errors: list[dict]) -> APIError:
         return bad_request("the request body must be a JSON object")
     if param and param.startswith("tool_choice"):
         param = "tool_choice"
-    msg = first.get("msg", "invalid value").removeprefix("Value error, ")
+    msg = clip(first.get("msg", "invalid value").removeprefix("Value error, "), 300)
     return bad_request(f"{param}: {msg}" if param else msg, param)
 
 
@@ -363,7 +366,7 @@ def to_chat_request(wire: ChatCompletionRequest, *, default_temperature: float =
 
 def _message(msg: Message, where: str) -> dict:
     role = "system" if msg.role == "developer" else msg.role  # developer: OpenAI's newer name for system
-    content = msg.content if not isinstance(msg.content, list) else "".join(p.text for p in msg.content)
+    content = msg.content if not isinstance(msg.content, list) else _text_of_parts(msg.content, where)
     out: dict[str, Any] = {"role": role, "content": content}
     if role == "assistant" and msg.tool_calls:
         out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{i}]") for i, c in enumerate(msg.tool_calls)]
@@ -377,6 +380,16 @@ def _message(msg: Message, where: str) -> dict:
         if msg.name is not None:
             out["name"] = msg.name
     return out
+
+
+def _text_of_parts(parts: list[ContentPart], where: str) -> str:
+    for j, part in enumerate(parts):
+        if part.type != "text":
+            raise bad_request(f"{where}.content[{j}]: content parts of type {clip(part.type, 40)!r} are not supported "
+                              "(this server reads text only)", f"{where}.content[{j}]", code="unsupported_content")
+        if part.text is None:
+            raise bad_request(f"{where}.content[{j}]: a text part needs a 'text' string", f"{where}.content[{j}].text")
+    return "".join(p.text for p in parts)
 
 
 def _tool_call(call: ToolCallIn, where: str) -> dict:
@@ -431,6 +444,6 @@ def _tool_choice(choice: str | NamedToolChoice | None, schemas: list[Tool] | Non
     name = choice.function.name
     names = [t.name for t in schemas or ()]
     if name not in names:
-        raise bad_request(f"tool_choice names function {name!r}, which is not among the tools "
+        raise bad_request(f"tool_choice names function {clip(name)!r}, which is not among the tools "
                           f"({', '.join(names) or 'none given'})", "tool_choice")
     return "function", name

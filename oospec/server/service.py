@@ -35,6 +35,7 @@ class ServerConfig:
     shutdown_grace_s: float = 30.0
     accept_any_model: bool = False  # False: a request naming another model gets 404, as vLLM answers
     max_body_mb: float = 4.0  # larger request bodies get 413
+    body_timeout_s: float = 30.0  # a request body not whole by then gets 408 and its connection is closed
 
 
 @dataclass
@@ -190,7 +191,9 @@ class ModelService:
             "queue": {"waiting": w.waiting, "max": self.config.max_queue, "running": w.running is not None},
             "requests": {"served": w.served, "rejected": w.rejected, "failed": w.failed},
             "prefix_cache": self.prefix_cache.as_dict() if self.prefix_cache is not None else None,
-            "sidecar": self.sidecar is not None,
+            # null without a sidecar; else its real state (a dead or resting one gives no hints: decoding is then
+            # the drafter's other parts, toolspec, until it is back)
+            "sidecar": sidecar_health(self.sidecar),
         }
 
     def begin_shutdown(self) -> None:
@@ -211,6 +214,14 @@ class ModelService:
         self.worker.close(self.config.shutdown_grace_s)
         if self.sidecar is not None:
             self.sidecar.close()
+
+
+def sidecar_health(sidecar) -> dict | None:
+    """The sidecar's `health()` (oospec.sidecar.process.SidecarClient); stand-ins without one are reported alive."""
+    if sidecar is None:
+        return None
+    health = getattr(sidecar, "health", None)
+    return health() if callable(health) else {"state": "alive"}
 
 
 def drafter_report(drafter: Drafter) -> dict:

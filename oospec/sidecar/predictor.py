@@ -39,6 +39,7 @@ from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
 from oospec.sidecar.selfdraft import SLOT_ORDERS, AlignedDraft
 from oospec.sidecar.values import closed_options, parse_value, typed
+from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.jsonscan import value_end
 from oospec.tools.render import VALUE_OPENERS
@@ -54,10 +55,11 @@ class TaskFormat:
 
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        # The client's control-token strings are text here too: the prompt holds them marked, `encode` reads them.
+        self.client = ClientText(tokenizer)
 
     def prompt(self, job: Job) -> str:
-        return self.tokenizer.apply_chat_template(job.messages, tools=job.chat_tools or None,
-                                                  add_generation_prompt=True, tokenize=False)
+        return self.client.render(self.client.mark(job.messages), self.client.mark(job.chat_tools))
 
     def function_prefix(self, job: Job) -> str:
         return job.opener + NEXT_CALL
@@ -87,7 +89,7 @@ class TaskFormat:
         return getattr(self.tokenizer, "eos_token", None) or ""
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.client.encode(text)
 
 
 # Predictor settings an adapter was trained for, saved beside it by `oospec sidecar train`.

@@ -6,10 +6,13 @@ writes a job to a pipe, `poll` reads an answer only if one is already there. Job
 each with its own ticket (vLLM runs requests side by side); `cancel` drops the job of a request that ended
 before the worker got to it.
 
-Faults are contained here: a worker that dies is noticed on the next `poll`/`submit` and restarted for the
-next request (a bounded number of times); one that hangs past `hang_timeout_s` is killed and restarted;
-answers are checked by `parse_payload` before anything is built from them. Each kind of fault is logged
-once per client.
+Faults are contained here: a worker that dies is reaped at once (a thread waits on it, so it never lingers as
+a zombie), noticed on the next `poll`/`submit` and restarted for the next request; one that hangs past
+`hang_timeout_s` is killed and restarted. More than `max_restarts` failures within `restart_window_s` and the
+client rests: decoding goes on without hints until `quiet_period_s` have passed, then the worker is started
+again (issue 33: a few crashes no longer cost the sidecar for the life of the server). A worker that cannot
+load its model is not retried. Answers are checked by `parse_payload` before anything is built from them. Each
+kind of fault is logged once per client; `state` and `health` say honestly where the worker stands.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -95,7 +99,8 @@ class SidecarClient:
     def __init__(self, model: str = DEFAULT_SIDECAR, *, threads: int | None = 1, device: str = "cpu",
                  dtype: str = "auto", adapter: str | None = "auto", factory: str = "oospec.sidecar.process:make_predictor",
                  factory_options: dict | None = None, hang_timeout_s: float = 120.0, max_restarts: int = 3,
-                 wait_ready: bool = True, ready_timeout_s: float = 600.0):
+                 restart_window_s: float = 600.0, quiet_period_s: float = 60.0, wait_ready: bool = True,
+                 ready_timeout_s: float = 600.0):
         self.model = model
         self.threads = threads
         self.device = device
@@ -103,7 +108,11 @@ class SidecarClient:
         options = {"model": model, "dtype": dtype, "device": device, "adapter": adapter}
         self.options = factory_options if factory_options is not None else options
         self.hang_timeout_s = hang_timeout_s
-        self.max_restarts = max_restarts
+        self.max_restarts = max_restarts  # restarts allowed within restart_window_s before resting
+        self.restart_window_s = restart_window_s
+        self.quiet_period_s = quiet_period_s
+        self._failures: list[float] = []  # monotonic times of the failures within the window
+        self._resting_until: float | None = None  # too many failures: no worker (and no hints) until then
         self.stats = SidecarStats()
         self._logged: set[str] = set()
         self._proc: subprocess.Popen | None = None
@@ -130,6 +139,9 @@ class SidecarClient:
         cmd = [sys.executable, "-m", "oospec.sidecar.worker_main", "--fd", str(child.fileno()), "--factory", self.factory,
                "--options", json.dumps(self.options), "--threads", str(self.threads or 0)]
         self._proc = subprocess.Popen(cmd, pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL)
+        # Reap the worker the moment it exits (a killed one would otherwise stay a zombie until the next request
+        # polls it); Popen's own lock keeps this wait and the client's poll/kill from racing.
+        threading.Thread(target=_reap, args=(self._proc,), name="oospec-sidecar-reaper", daemon=True).start()
         child.close()
         self._conn, self._ready, self._busy_since = Connection(parent.detach()), False, None
 
@@ -151,19 +163,59 @@ class SidecarClient:
     def ready(self) -> bool:
         return self._ready
 
+    @property
+    def state(self) -> str:
+        """Where the worker stands: "alive" (loaded, answering), "loading" (first start), "restarting" (loading
+        after a restart), "dead" (exited: restarted with the next request), "resting" (failed too often: started
+        again after the quiet period), "disabled" (closed, or it cannot load its model). Only reads: safe to call
+        from another thread (/health) while the decode loop uses the client."""
+        if self._closed:
+            return "disabled"
+        if self._resting_until is not None:
+            return "resting"
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return "dead"
+        if not self._ready:
+            return "restarting" if self.stats.restarts else "loading"
+        return "alive"
+
+    def health(self) -> dict:
+        """`state` with the process id, restarts and fault counts, for /health."""
+        state, resting_until = self.state, self._resting_until
+        out = {"state": state, "pid": self.pid if state in ("alive", "loading", "restarting") else None,
+               "restarts": self.stats.restarts, "faults": dict(self.stats.faults)}
+        if state == "resting" and resting_until is not None:
+            out["retry_in_s"] = round(max(0.0, resting_until - time.monotonic()), 1)
+        return out
+
     def _alive(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
     def _restart(self, why: str) -> bool:
-        if self.stats.restarts >= self.max_restarts:
-            self._fault("gave-up", f"the sidecar failed {self.stats.restarts + 1} times ({why}); running without it")
-            self._abandon(why)
-            self._kill()
-            self._closed = True
-            return False
-        self.stats.restarts += 1
+        now = time.monotonic()
+        self._failures = [t for t in self._failures if now - t < self.restart_window_s] + [now]
         self._abandon(why)
         self._kill()
+        if len(self._failures) > self.max_restarts:
+            self._fault("gave-up", f"the sidecar failed {len(self._failures)} times within "
+                                   f"{self.restart_window_s:.0f} s ({why}); running without it for "
+                                   f"{self.quiet_period_s:.0f} s, then starting it again")
+            self._resting_until = now + self.quiet_period_s
+            return False
+        self.stats.restarts += 1
+        self._start()
+        return True
+
+    def _wake(self) -> bool:
+        """Whether the worker may be used now: a resting client starts it again once the quiet period is over."""
+        if self._resting_until is None:
+            return True
+        if time.monotonic() < self._resting_until:
+            return False
+        self._resting_until, self._failures = None, []
+        self.stats.restarts += 1
+        log.warning("starting the sidecar again after %.0f s without it", self.quiet_period_s)
         self._start()
         return True
 
@@ -229,7 +281,7 @@ class SidecarClient:
     def submit(self, job: Job | dict, tools: Sequence[Tool]) -> Ticket | None:
         """Send a job (never waits). Returns its ticket, or None when the sidecar is unavailable."""
         job = job if isinstance(job, Job) else Job(**job)
-        if self._closed:
+        if self._closed or not self._wake():
             return None
         self._drain()  # answers already sent count before judging the worker hung
         if self._proc is not None and not self._alive():
@@ -293,7 +345,7 @@ class SidecarClient:
         if kind == "ready":
             self._ready = True
             return
-        if kind == "load-failed":
+        if kind == "load-failed":  # not retried: the same model will not load the next time either
             self._fault("load-failed", f"the sidecar could not load its model: {body}")
             self._closed = True
             return
@@ -329,6 +381,13 @@ class SidecarClient:
             log.warning("%s (decoding continues without sidecar hints; logged once)", message)
 
 
+
+
+def _reap(proc: subprocess.Popen) -> None:
+    try:
+        proc.wait()
+    except Exception:  # (interpreter shutdown): the child is reaped by init then
+        pass
 
 
 @dataclass(frozen=True)
