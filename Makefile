@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,serve,train]'
-	$(PY) -m oospec.engine.kernels  # the row-invariant C++ kernels, built once for this CPU and torch
+	-$(PY) -m oospec.engine.kernels  # the row-invariant C++ kernels for this CPU (without them: pure-torch ones)
 	touch $(STAMP)
 
 venv: $(STAMP)

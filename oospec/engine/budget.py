@@ -15,14 +15,13 @@ from pathlib import Path
 import numpy as np
 
 
-# c(k)/c(1) of Qwen2.5-Coder-1.5B, float32, 2 AVX2 cores, optimised kernels, 580-token cached prompt, as
-# measured by `python -m oospec.bench.kernel_study` (oospec/bench/cost_curve_study.md). Serving hardware
-# should use its own curve: `oospec bench cost-curve --out curve.json`, then CostModel.from_json.
-DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.0, 4: 1.0, 8: 1.14, 16: 1.33, 32: 2.38, 64: 4.06}
-# The same with one thread (the target's share when the sidecar has the other core): c(1) is unchanged
-# (0.290 s vs 0.286 s: decoding one token is memory-bound) but wide forwards cost more.
-# `python -m oospec.bench.kernel_study --sections curve --threads 1 --ks 1,2,4,8,16,32`.
-ONE_THREAD_CPU_CURVE = {1: 1.0, 2: 1.06, 4: 1.09, 8: 1.48, 16: 2.08, 32: 3.67}
+# c(k)/c(1) of Qwen2.5-Coder-1.5B, float32, 2 cores of an AMD EPYC (AVX512_BF16), the invariant kernels
+# (oospec.engine.invariant), 580-token cached prompt: `oospec bench cost-curve --model qwen2.5-coder-1.5b`.
+# bfloat16's curve is flatter (c(16)/c(1) 2.3), so this one is the cautious choice for both dtypes. Serving
+# hardware should use its own curve: `oospec bench cost-curve --out curve.json`, then CostModel.from_json.
+DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.45, 4: 1.8, 8: 2.44, 16: 3.57, 32: 5.83}
+# The same with one thread (the target's share when the sidecar has the other core).
+ONE_THREAD_CPU_CURVE = {1: 1.0, 2: 1.4, 4: 1.7, 8: 2.44, 16: 3.63}
 
 
 @dataclass(frozen=True)

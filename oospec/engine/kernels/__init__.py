@@ -32,7 +32,8 @@ _ISA_LEVELS = (
 )
 # -ffp-contract=off: the compiler may not fuse a multiply and an add the source wrote apart (the order of
 # every reduction is the source's, see invariant.cpp).
-_BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math")
+# -fopenmp: at::parallel_for is inline OpenMP in the headers; without it every kernel runs on one thread.
+_BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp")
 
 
 def isa_flags(flags: frozenset[str] | None = None) -> tuple[str, ...]:
@@ -74,7 +75,7 @@ def native():
         folder = build_dir() / key
         folder.mkdir(parents=True, exist_ok=True)
         return load(name=f"oospec_invariant_{key}", sources=[str(SOURCE)], build_directory=str(folder),
-                    extra_cflags=list(_BASE_FLAGS + isa_flags()), verbose=False)
+                    extra_cflags=list(_BASE_FLAGS + isa_flags()), extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the pure-torch kernels take over
         log.warning("oospec: the C++ invariant kernels could not be built (%s: %s); using the slower "
                     "pure-torch kernels, which give the same guarantee", type(exc).__name__, str(exc)[:300])

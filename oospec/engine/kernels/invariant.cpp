@@ -185,7 +185,9 @@ void linear_impl(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t K,
   // Every (output, row) pair has its own accumulator in every tile shape: the shape is free to follow M.
   const int nb = M == 1 ? NB_ONE_ROW : NB;
   const int64_t blocks = (N + nb - 1) / nb;
-  at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
+  // Threads only for at least half a megabyte of weights each: waking them costs more on small matrices.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (nb * K * static_cast<int64_t>(sizeof(T))));
+  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
     float out[RMAX * NB_ONE_ROW];
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t n0 = blk * nb;
