@@ -73,7 +73,8 @@ def smollm2_model(smollm2_path):
 @pytest.fixture(scope="session")
 def smollm2_engine(smollm2_path):
     """An Engine on SmolLM2 with the CPU kernels, as `Engine.from_pretrained` builds it. It holds its own copy
-    of the weights because optimize_for_cpu replaces the model's layers in place."""
+    of the weights because the kernels replace the model's layers in place. float32 on every CPU, so the tests
+    that use it mean the same everywhere (`--dtype auto` is bfloat16 on some: test_invariant.py covers it)."""
     from oospec.engine.engine import Engine
 
-    return Engine.from_pretrained(smollm2_path)
+    return Engine.from_pretrained(smollm2_path, dtype="float32")

@@ -20,7 +20,11 @@ CHATS = [
 
 @pytest.fixture(scope="module")
 def smol(smollm2_engine):
-    return smollm2_engine
+    """The shared engine's model with one prefill forward, as transformers' generate (the reference) does: a
+    prompt prefilled in other chunks may round differently, and every method here shares this one."""
+    from oospec.engine.engine import Engine
+
+    return Engine(smollm2_engine.model, smollm2_engine.tokenizer, prefill_chunk=0)
 
 
 def check_engine(engine, chats, max_new, extra_drafters=True):

@@ -72,7 +72,7 @@ class Server:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "oospec.cli", "serve", "--target", MODEL, "--method", "toolspec", "--port",
-             str(self.port), "--threads", "1", "--api-key", KEY, "--log-level", "warning", *extra],
+             str(self.port), "--threads", "1", "--api-key", KEY, "--log-level", "warning", "--dtype", "float32", *extra],
             stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + 180
         while True:
