@@ -48,6 +48,8 @@ inline V16 load16(const bf16* p) {
   return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
 }
 inline V16 fma16(V16 a, V16 b, V16 acc) { return {_mm512_fmadd_ps(a.v, b.v, acc.v)}; }
+inline V16 bcast16(float x) { return {_mm512_set1_ps(x)}; }
+inline void store16(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
 inline float hsum16(V16 a) {
   __m256 lo = _mm512_castps512_ps256(a.v);
   __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
@@ -66,6 +68,8 @@ inline __m256 widen8(const bf16* p) {
 }
 inline V16 load16(const bf16* p) { return {widen8(p), widen8(p + 8)}; }
 inline V16 fma16(V16 a, V16 b, V16 acc) { return {_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)}; }
+inline V16 bcast16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
+inline void store16(float* p, V16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
 inline float hsum16(V16 a) {
   __m256 s8 = _mm256_add_ps(a.lo, a.hi);
   __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
@@ -77,6 +81,8 @@ struct V16 { float v[16]; };
 inline V16 zero16() { V16 a; for (int l = 0; l < 16; ++l) a.v[l] = 0.f; return a; }
 template <class T> inline V16 load16(const T* p) { V16 a; for (int l = 0; l < 16; ++l) a.v[l] = to_float(p[l]); return a; }
 inline V16 fma16(V16 a, V16 b, V16 acc) { for (int l = 0; l < 16; ++l) acc.v[l] = std::fma(a.v[l], b.v[l], acc.v[l]); return acc; }
+inline V16 bcast16(float x) { V16 a; for (int l = 0; l < 16; ++l) a.v[l] = x; return a; }
+inline void store16(float* p, V16 a) { for (int l = 0; l < 16; ++l) p[l] = a.v[l]; }
 inline float hsum16(V16 a) {
   float s8[8], s4[4], s2[2];
   for (int l = 0; l < 8; ++l) s8[l] = a.v[l] + a.v[l + 8];
@@ -357,7 +363,11 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
         const float p = exp_fixed(s[j] - m);
         sum += p;
         const T* vj = vp + g * vs_h + j * vs_j;
-        for (int64_t d = 0; d < D; ++d) o[d] = std::fma(p, to_float(vj[d]), o[d]);
+        // o[d] = fma(p, v[d], o[d]) for every d: 16 at a time, then one by one; the same operation per element
+        const V16 pv = bcast16(p);
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16) store16(&o[d], fma16(pv, load16(vj + d), load16(&o[d])));
+        for (; d < D; ++d) o[d] = std::fma(p, to_float(vj[d]), o[d]);
       }
       T* oi = op + (i * H + h) * D;
       const float inv = sum > 0.f ? sum : 1.f;
