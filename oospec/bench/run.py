@@ -271,7 +271,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "kernels": kernels_note(engine.model),
         "dtype_choice": getattr(engine, "dtype_note", ""),
         "assistant": cfg.assistant if "hf-assisted" in names else None,
-        "assistant_kernels": kernels_note(shared_assistant(methods)) if "hf-assisted" in names else None,
+        "assistant_kernels": kernels_note(methods[0].shared.assistant_model) if "hf-assisted" in names else None,
         "sidecar": {"model": cfg.sidecar_model, "adapter": adapter, "adapter_sha256": weights_sha256(adapter),
                     "threads": cfg.sidecar_threads, "device": cfg.sidecar_device,
                     "cache": "cleared before a run of the item the sidecar served last (another method's, or "
@@ -354,12 +354,6 @@ def kernels_note(model) -> str:
     if not report:
         return "stock transformers"
     return f"oospec.engine.invariant: {report['kernels']}, forwards of <= {report['step_rows']} rows row-invariant"
-
-
-def shared_assistant(methods):
-    """The assistant model of the hf-assisted method, if one is in the run."""
-    return next((getattr(getattr(m, "shared", None), "assistant_model", None) for m in methods
-                 if m.name == "hf-assisted"), None)
 
 
 def command_line(cfg: BenchConfig) -> str:

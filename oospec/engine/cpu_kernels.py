@@ -37,7 +37,7 @@ _SUPPORTED = ("qwen2", "llama")
 ATTN_NAME = "oospec_cpu_sdpa"
 
 
-def _onednn_available() -> bool:
+def onednn_available() -> bool:
     return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
@@ -154,7 +154,7 @@ def optimize_for_cpu(model: nn.Module, *, linear: bool = True, attention: bool =
         report["reason"] = f"dtype is {param.dtype}, only float32 is handled"
     elif arch not in _SUPPORTED or layers is None:
         report["reason"] = f"architecture {arch!r} is not one of {_SUPPORTED}"
-    elif not _onednn_available():
+    elif not onednn_available():
         report["reason"] = "torch was built without oneDNN (mkldnn)"
     if report["reason"]:
         return report

@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from oospec.engine.cpu_kernels import PackedLinear, cpu_sdpa_attention, onednn_available
+
 # The most rows a forward may hold and still take the invariant path: the verification budget plus the
 # pending token must stay within it (TargetBackend caps trees at STEP_ROWS - 1 nodes).
 STEP_ROWS = 64
@@ -129,11 +131,8 @@ class InvariantLinear(nn.Module):
         self.ops = ops
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.prefill = None
-        if prefill_packed and linear.weight.dtype == torch.float32:
-            from oospec.engine.cpu_kernels import PackedLinear, _onednn_available
-
-            if _onednn_available():
-                self.prefill = PackedLinear.from_linear(linear)
+        if prefill_packed and linear.weight.dtype == torch.float32 and onednn_available():
+            self.prefill = PackedLinear.from_linear(linear)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -199,22 +198,29 @@ class RotaryTable(nn.Module):
         return self.cos[position_ids].to(x.dtype), self.sin[position_ids].to(x.dtype)
 
 
-def _valid_keys(mask: torch.Tensor | None, batch: int, rows: int, keys: int) -> torch.Tensor:
-    """(rows, keys) bytes of the keys each query row may see; empty for causal (no mask)."""
+_CAUSAL = torch.empty(0, dtype=torch.uint8)
+# Every layer of a forward gets the same mask object: it is converted once, for the first layer.
+_last_mask: list = [None, None]  # [mask, its per-batch (rows, keys) bytes]
+
+
+def _valid_keys(mask: torch.Tensor | None, rows: int, keys: int) -> list[torch.Tensor]:
+    """Per batch row, (rows, keys) bytes of the keys each query row may see; empty for causal (no mask)."""
     if mask is None:
-        return torch.empty(0, dtype=torch.uint8)
-    m = mask[batch, 0] if mask.dim() == 4 else mask[batch]
-    m = m[-rows:, -keys:]
+        return [_CAUSAL]
+    if _last_mask[0] is mask:
+        return _last_mask[1]
+    m = mask[:, 0] if mask.dim() == 4 else mask
+    m = m[:, -rows:, -keys:]
     ok = m if m.dtype == torch.bool else m > torch.finfo(m.dtype).min / 2
-    return ok.to(torch.uint8).contiguous()
+    valid = list(ok.to(torch.uint8).contiguous())
+    _last_mask[:] = [mask, valid]
+    return valid
 
 
 def invariant_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                         **kwargs):
     """transformers' attention interface: at most STEP_ROWS query rows through the invariant kernel, longer
     ones (prefill) through SDPA without copies of grouped kv heads (cpu_kernels.cpu_sdpa_attention)."""
-    from oospec.engine.cpu_kernels import cpu_sdpa_attention
-
     b, heads, rows, dim = query.shape
     special = kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None or \
         kwargs.get("sliding_window") is not None
@@ -223,8 +229,8 @@ def invariant_attention(module, query, key, value, attention_mask, dropout=0.0, 
                                   is_causal=is_causal, **kwargs)
     ops = module.oospec_ops
     scale = scaling if scaling is not None else dim ** -0.5
-    outs = [ops.attention(query[i], key[i], value[i], _valid_keys(attention_mask, i, rows, key.shape[2]), scale)
-            for i in range(b)]
+    valid = _valid_keys(attention_mask, rows, key.shape[2])
+    outs = [ops.attention(query[i], key[i], value[i], valid[i if len(valid) > 1 else 0], scale) for i in range(b)]
     return torch.stack(outs), None
 
 
