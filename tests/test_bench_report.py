@@ -19,7 +19,7 @@ METHODS = {
 
 def _records(n: int, methods=METHODS, dataset="apibank") -> list[dict]:
     return [{"dataset": dataset, "sample_id": f"item-{i}", "method": m, "cores": cores, "cpu_threads": threads,
-             "decode_s": decode, "e2e_s": e2e, "new_tokens": tok, "target_forwards": fwd, "identical": True,
+             "prefill_s": e2e - decode, "decode_s": decode, "e2e_s": e2e, "new_tokens": tok, "target_forwards": fwd, "identical": True,
              "accurate": True}
             for i in range(n) for m, (cores, threads, decode, e2e, tok, fwd) in methods.items()]
 
@@ -38,6 +38,7 @@ def test_summary_of_the_fake_run_is_what_the_tables_show():
     assert rows["toolspec"]["decode_speedup"] == pytest.approx(4.0)
     assert rows["oospec"]["e2e_speedup"] == pytest.approx(10 / 6)
     assert rows["oospec"]["tau"] == pytest.approx(8.0)
+    assert rows["oospec"]["prefill_s"] == pytest.approx(2 * 5.5) and rows["ar"]["e2e_s"] == pytest.approx(20.0)
 
 
 def test_stdout_is_a_short_table_with_the_report_path_and_a_small_sample_warning(tmp_path):

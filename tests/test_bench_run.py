@@ -307,3 +307,41 @@ def test_command_line_keeps_items_and_the_secondary_baseline_choice():
     args = build_parser().parse_args(line.split()[1:])
     assert args.items == "apibank-l1-2,apibank-l1-9" and args.no_secondary_baseline
     assert "--no-secondary-baseline" not in bench_run.command_line(BenchConfig(datasets=["apibank:1"]))
+
+
+def test_sessions_replay_each_dialogue_turn_by_turn_with_prefix_reuse(tiny_engine, tmp_path):
+    """--sessions: a dialogue's turns run in order for every method, each method reusing its own prefixes from
+    its earlier turns (the target's and the sidecar's), outputs still identical to `ar` on every turn."""
+    from oospec.sidecar import SidecarClient
+
+    cfg = BenchConfig(datasets=["apibank"], split="1", methods=["ar", "toolspec", "oospec"], target="tiny-random",
+                      limit=1, sessions=True, max_new_tokens=12, budget=8, out=tmp_path, progress=False, echo=False,
+                      threads=1, secondary_baseline=False)
+    (_, turns), = load_datasets(cfg)
+    assert len(turns) >= 2 and len({s.meta["session"] for s in turns}) == 1
+    assert [s.meta["turn"] for s in turns] == sorted(s.meta["turn"] for s in turns)
+    with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good"}) as client:
+        result = bench_run.run_benchmark(cfg, engine=tiny_engine, sidecar=client)
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    for method in ("ar", "toolspec", "oospec"):
+        mine = [r for r in records if r["method"] == method]
+        assert [r["turn"] for r in mine] == list(range(1, len(turns) + 1))
+        assert [r["sample_id"] for r in mine] == [s.id for s in turns]
+        assert mine[0]["prompt_tokens_reused"] == 0  # each method starts its session cold
+        assert all(r["prompt_tokens_reused"] > 0 for r in mine[1:])  # then reuses its own earlier turns
+    assert all(r["identical"] for r in records)
+    (rows,) = result["summary"].values()
+    assert rows["oospec"]["n"] == len(turns)
+    report = (tmp_path / "report.md").read_text()
+    assert "sessions (turn by turn" in report and "| turn | sessions |" in report
+
+
+def test_sessions_refuse_sets_without_dialogues_and_peers_without_prefix_reuse(tmp_path):
+    with pytest.raises(BenchError, match="not turns of multi-turn sessions"):
+        load_datasets(BenchConfig(datasets=["bfcl"], split="simple_python", sessions=True))
+    with pytest.raises(BenchError, match="hf-pld cannot reuse a session's prefixes"):
+        bench_run.run_benchmark(BenchConfig(datasets=["apibank"], methods=["ar", "hf-pld"], sessions=True,
+                                            out=tmp_path, progress=False, echo=False))
+    (_, two), = load_datasets(BenchConfig(datasets=["apibank"], split="1", sessions=True, limit=2))
+    (_, second), = load_datasets(BenchConfig(datasets=["apibank"], split="1", sessions=True, offset=1, limit=1))
+    assert len({s.meta["session"] for s in two}) == 2 and {s.id for s in second} < {s.id for s in two}

@@ -33,6 +33,9 @@ class BenchConfig:
     # ar at the target's share of the cores beside sidecar methods (the report's secondary column); off, a run
     # that only needs tau and identity costs a third less
     secondary_baseline: bool = True
+    # Agent sessions: each dialogue's turns replayed in order, every method with its own prefix cache (and its
+    # sidecar's) kept across the turns of a session; --offset and --limit then count sessions.
+    sessions: bool = False
     max_new_tokens: int = 128
     budget: int = 16
     # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see
@@ -119,6 +122,20 @@ def _dataset_label(spec: str, split: str | None) -> str:
     return spec
 
 
+def _select_sessions(samples: list, cfg: BenchConfig, exclude) -> list:
+    """The turns of the sessions after `cfg.offset` sessions, at most `cfg.limit` sessions, each session's turns
+    in order and contiguous; excluded turns leave their session (the later turns still hold their text)."""
+    from oospec.datasets import group_sessions
+
+    groups = group_sessions(samples)
+    if not groups and samples:
+        raise BenchError(f"--sessions: the items of {samples[0].dataset} are not turns of multi-turn sessions "
+                         f"(API-Bank level 1 is)")
+    kept = [[s for s in turns if exclude is None or not exclude(s)] for _, turns in groups[cfg.offset:]]
+    kept = [turns for turns in kept if turns]
+    return [s for turns in (kept if cfg.limit is None else kept[: cfg.limit]) for s in turns]
+
+
 def load_datasets(cfg: BenchConfig, exclude: Callable[[object], bool] | None = None) -> list[tuple[str, list]]:
     """[(label, samples)] for every dataset asked for, validated before any model is loaded: each dataset's items
     after `cfg.offset`, less those `exclude` names, at most `cfg.limit` of them."""
@@ -136,6 +153,8 @@ def load_datasets(cfg: BenchConfig, exclude: Callable[[object], bool] | None = N
 
     def select(samples):
         chosen = [s for s in samples if s.id in wanted] if wanted else list(samples)
+        if cfg.sessions:
+            return Samples(_select_sessions(chosen, cfg, exclude), getattr(samples, "skipped", ()))
         kept = [s for s in chosen[cfg.offset:] if exclude is None or not exclude(s)]
         return Samples(kept if cfg.limit is None else kept[: cfg.limit], getattr(samples, "skipped", ()))
 

@@ -52,14 +52,15 @@ class Shared:
     sidecar_last_item: tuple | None = None  # (dataset, sample id) of the sidecar's last job
 
 
-def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: BenchConfig) -> Run:
+def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: BenchConfig, prefix_cache=None) -> Run:
     """The one call of Engine.generate in the benchmark: greedy, or sampled with the item's seed."""
     t0 = time.perf_counter()
     # The only sample metadata a drafter sees: gold answers and source files stay out of the request.
     result = engine.generate(sample.messages, prompt_ids=prompt_ids, drafter=drafter, max_new_tokens=max_new_tokens,
                              budget=cfg.budget, tool_schemas=sample.tools, dialect=sample.dialect,
                              tools_in_prompt=sample.meta.get("tools_in_prompt"), temperature=cfg.temperature,
-                             top_p=cfg.top_p, top_k=cfg.top_k, seed=item_seed(cfg, sample.dataset, sample.id))
+                             top_p=cfg.top_p, top_k=cfg.top_k, seed=item_seed(cfg, sample.dataset, sample.id),
+                             prefix_cache=prefix_cache)
     e2e = time.perf_counter() - t0
     st = result.stats
     return Run(result.tokens.astype(np.int64), {
@@ -68,6 +69,7 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
         "tau": st.tau,
         "accepted_per_step": list(map(int, st.accepted_per_step)),
         "prefill_s": st.prefill_s,
+        "prompt_tokens_reused": st.prompt_tokens_reused,  # restored from the session's prefix cache
         "decode_s": st.decode_s,
         "e2e_s": e2e,
         "draft_s": st.draft_s,
@@ -79,6 +81,7 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
 class BenchMethod:
     uses_sidecar = False
     greedy_only = False  # cannot sample with the run's per-item seed (so cannot match `ar` when sampling)
+    reuses_prefixes = True  # False: a peer that cannot start from a prefix cache (refused in a session run)
 
     def __init__(self, name: str, shared: Shared):
         self.name = name
@@ -94,8 +97,18 @@ class BenchMethod:
         """Every CPU thread this method uses (the target's, and its sidecar's)."""
         return self.threads
 
+    prefix_cache = None  # a session's PrefixCache: the KV of this method's own earlier turns
+
     def start(self) -> None:
         pass
+
+    def start_session(self, reuse_prefixes: bool) -> None:
+        """Before a unit of work (one cold item, or one agent session's turns): a fresh prefix cache for a
+        session, none for a cold item."""
+        from oospec.engine.prefix_cache import PrefixCache
+        from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
+
+        self.prefix_cache = PrefixCache(int(DEFAULT_PREFIX_CACHE_MB * 2**20)) if reuse_prefixes else None
 
     def run(self, sample, prompt_ids: np.ndarray, reference: Reference | None, max_new_tokens: int) -> Run:
         raise NotImplementedError
@@ -117,7 +130,8 @@ class EngineMethod(BenchMethod):
         self.drafter = self.make_drafter()
 
     def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
-        return generate(self.shared.engine, sample, prompt_ids, self.drafter, max_new_tokens, self.shared.cfg)
+        return generate(self.shared.engine, sample, prompt_ids, self.drafter, max_new_tokens, self.shared.cfg,
+                        self.prefix_cache)
 
 
 class ArAtThreadsMethod(EngineMethod):
@@ -189,6 +203,12 @@ class SidecarMethod(EngineMethod):
         options = {"wait_s": self.wait_s} if self.wait_s else {}
         return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, **options)
 
+    def start_session(self, reuse_prefixes: bool) -> None:
+        super().start_session(reuse_prefixes)
+        if reuse_prefixes:  # the sidecar's cache holds another method's turns of this session: start it cold
+            self.shared.sidecar.clear_cache()
+            self.shared.sidecar_last_item = None
+
     def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
         item = (sample.dataset, sample.id)
         if self.shared.sidecar_last_item == item:
@@ -228,6 +248,7 @@ class HFMethod(BenchMethod):
     """A Hugging Face peer, timed end to end; its decode time is that minus `ar`'s prefill on the sample."""
 
     greedy_only = True  # HF samples with its own generator: its tokens could not be compared with `ar`'s
+    reuses_prefixes = False
 
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
@@ -316,6 +337,13 @@ def check_methods_sample(names: list[str], temperature: float) -> None:
     if temperature > 0 and greedy:
         raise BenchError(f"{', '.join(greedy)} decode(s) greedily only in this benchmark; drop them with "
                          f"--temperature {temperature:g}")
+
+
+def check_methods_sessions(names: list[str], sessions: bool) -> None:
+    """Refuse, before any model loads, a method that cannot reuse a session's prefixes."""
+    cold = [m for m in names if not method_class(m).reuses_prefixes]
+    if sessions and cold:
+        raise BenchError(f"{', '.join(cold)} cannot reuse a session's prefixes: leave them out of a --sessions run")
 
 
 def build_methods(names: list[str], shared: Shared) -> list[BenchMethod]:

@@ -66,6 +66,33 @@ def summarize_sidecar(records: Sequence[dict]) -> dict:
     return table
 
 
+def summarize_turns(records: Sequence[dict]) -> dict:
+    """{dataset: {turn: {method: {"n", "prefill_s", "e2e_s"}}}} of a session run (records with a `turn`): where
+    the time goes as a session's prompt grows and its prefix is reused."""
+    out: dict[str, dict[int, dict[str, dict]]] = {}
+    for r in records:
+        if r.get("turn") is None:
+            continue
+        cell = out.setdefault(r["dataset"], {}).setdefault(r["turn"], {}).setdefault(
+            r["method"], {"n": 0, "prefill_s": 0.0, "e2e_s": 0.0})
+        cell["n"] += 1
+        cell["prefill_s"] += r["prefill_s"]
+        cell["e2e_s"] += r["e2e_s"]
+    return {ds: dict(sorted(turns.items())) for ds, turns in out.items()}
+
+
+def format_turn_table(turns: dict[int, dict[str, dict]]) -> str:
+    """One row per turn of the sessions: each method's summed end-to-end seconds (prefill seconds in brackets)."""
+    methods = list(dict.fromkeys(m for cells in turns.values() for m in cells))
+    lines = ["| turn | sessions | " + " | ".join(f"{m} e2e s (prefill)" for m in methods) + " |",
+             "|" + "---|" * (2 + len(methods))]
+    for turn, cells in turns.items():
+        n = max(c["n"] for c in cells.values())
+        lines.append(f"| {turn} | {n} | " + " | ".join(
+            f"{cells[m]['e2e_s']:.1f} ({cells[m]['prefill_s']:.1f})" if m in cells else "–" for m in methods) + " |")
+    return "\n".join(lines)
+
+
 def format_sidecar_table(rows: dict[str, dict]) -> str:
     lines = ["| method | n | answered | in time | latency | tokens written at arrival "
              "| function agreement (best, any branch) | slot agreement | full-call agreement | payload bytes "
@@ -144,6 +171,7 @@ def summarize(records: Sequence[dict], methods: Sequence[str], target_threads: i
                 "accuracy": float(np.mean(scored)) if scored else None,
                 "new_tokens": tok,
                 "target_forwards": fwd,
+                "prefill_s": sum(r["prefill_s"] for r in recs),
                 "decode_s": sum(r["decode_s"] for r in recs),
                 "e2e_s": sum(r["e2e_s"] for r in recs),
             }
@@ -178,15 +206,16 @@ def format_table(rows: dict[str, dict]) -> str:
     """One row per method; the target-threads column only when some method's baseline is not ar at those."""
     secondary = any(r.get("decode_speedup_target_threads") != r["decode_speedup"] for r in rows.values())
     head = ("| method | cores | n | tau | decode speed-up | e2e speed-up | mean e2e ratio | of oracle's speed-up "
-            "| oracle fraction | identical | accuracy |")
+            "| oracle fraction | identical | accuracy | prefill s | decode s | e2e s |")
     if secondary:
         head += " decode speed-up vs ar at target threads |"
-    lines = [head, "|" + "---|" * (12 if secondary else 11)]
+    lines = [head, "|" + "---|" * (15 if secondary else 14)]
     for m, r in rows.items():
         line = (f"| {m} | {r.get('cores') or '–'} | {r['n']} | {_fmt(r['tau'])} "
                 f"| {_fmt(r['decode_speedup'], suffix='x')} | {_fmt(r['e2e_speedup'], suffix='x')} "
                 f"| {_fmt(r['e2e_ratio_mean'], suffix='x')} | {_pct(r.get('oracle_share'))} "
-                f"| {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} |")
+                f"| {_pct(r['oracle_fraction'])} | {_pct(r['identical_rate'])} | {_pct(r['accuracy'])} "
+                f"| {_fmt(r.get('prefill_s'), '.1f')} | {_fmt(r.get('decode_s'), '.1f')} | {_fmt(r.get('e2e_s'), '.1f')} |")
         if secondary:
             line += f" {_fmt(r.get('decode_speedup_target_threads'), suffix='x')} |"
         lines.append(line)
@@ -294,7 +323,8 @@ def format_stdout(summary: dict, out: Path) -> str:
     return "\n".join(parts)
 
 
-def format_report(summary: dict, header: dict, divergences: Sequence[dict], sidecar: dict | None = None) -> str:
+def format_report(summary: dict, header: dict, divergences: Sequence[dict], sidecar: dict | None = None,
+                  turns: dict | None = None) -> str:
     lines = ["# oospec bench run", ""]
     lines.append(f"- command: `{header['command']}`")
     mi = header["machine"]
@@ -316,6 +346,8 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
     if header.get("trained_items"):
         lines.append(f"- **WARNING: {len(header['trained_items'])} item(s) the sidecar adapter was trained on "
                      f"(run with --allow-trained-items); see run.json `trained_items`**")
+    if header.get("mode"):
+        lines.append(f"- mode: {header['mode']}")
     lines.append(f"- max_new_tokens {header['max_new_tokens']}, budget {header['budget']}, "
                  f"hf-pld prompt_lookup_num_tokens {PROMPT_LOOKUP_NUM_TOKENS}")
     decoding = header.get("decoding") or {"mode": "greedy"}
@@ -326,6 +358,8 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
     lines.append(f"- started {header['started']}, took {header.get('elapsed_s', 0):.0f} s")
     for ds, rows in summary.items():
         lines += ["", f"## {ds}", "", format_table(rows)]
+        if turns and turns.get(ds):
+            lines += ["", "By turn (agent sessions, prefix reuse per method):", "", format_turn_table(turns[ds])]
         if sidecar and sidecar.get(ds):
             lines += ["", "Sidecar:", "", format_sidecar_table(sidecar[ds])]
     warning = small_sample_warning(summary)

@@ -26,9 +26,9 @@ import numpy as np
 from oospec.bench.config import (BenchConfig, BenchError, Cores, check_sampling, default_out_dir, load_datasets,
                                  plan_cores)
 from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods,
-                                  check_methods_sample, parse_methods, uses_sidecar)
+                                  check_methods_sample, check_methods_sessions, parse_methods, uses_sidecar)
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
-                                 summarize_sidecar, to_json)
+                                 summarize_sidecar, summarize_turns, to_json)
 
 log = logging.getLogger("oospec.bench")
 
@@ -66,6 +66,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         names = parse_methods(cfg.methods)
         check_sampling(cfg)
         check_methods_sample(names, cfg.temperature)
+        check_methods_sessions(names, cfg.sessions)
         if cfg.budget < 1 or cfg.max_new_tokens < 1:
             raise BenchError("--budget and --max-new-tokens must be at least 1")
         with_sidecar = any(uses_sidecar(m) for m in names)
@@ -117,24 +118,37 @@ def _run_methods(methods: list[BenchMethod], datasets, shared: Shared, out: Path
         for label, samples in datasets:
             for m in methods:
                 m.start()
-            for sample in samples:
-                prompt_ids = engine.encode(sample.messages, sample.chat_tools())
-                reference = None
-                for m in methods:
-                    bar.set_postfix_str(f"{label} {sample.id} {m.name}", refresh=False)
-                    run = _run_one(m, sample, prompt_ids, reference, cfg.max_new_tokens)
-                    reference = reference or Reference(run.tokens, run.stats["prefill_s"])
-                    rec, div = _record(label, sample, m, run, reference, engine)
-                    if div is not None:
-                        divergences.append(div)
-                        bar.write(f"[not identical] {label} {sample.id} {m.name}: first difference at token "
-                                  f"{div['first_diff']} (ar {div['ar_token']} vs {div['method_token']})")
-                    records.append(rec)
-                    jsonl.write(json.dumps(to_json(rec), ensure_ascii=False) + "\n")
-                    jsonl.flush()
-                    bar.update(1)
+            for session, turns in _units(samples, cfg.sessions):
+                prompts = [engine.encode(s.messages, s.chat_tools()) for s in turns]
+                references: list[Reference | None] = [None] * len(turns)
+                for m in methods:  # `ar` first: each turn's reference
+                    m.start_session(reuse_prefixes=session is not None)
+                    for turn, (sample, prompt_ids) in enumerate(zip(turns, prompts)):
+                        bar.set_postfix_str(f"{label} {sample.id} {m.name}", refresh=False)
+                        run = _run_one(m, sample, prompt_ids, references[turn], cfg.max_new_tokens)
+                        references[turn] = references[turn] or Reference(run.tokens, run.stats["prefill_s"])
+                        rec, div = _record(label, sample, m, run, references[turn], engine)
+                        if session is not None:
+                            rec["session"], rec["turn"] = session, turn + 1
+                        if div is not None:
+                            divergences.append(div)
+                            bar.write(f"[not identical] {label} {sample.id} {m.name}: first difference at token "
+                                      f"{div['first_diff']} (ar {div['ar_token']} vs {div['method_token']})")
+                        records.append(rec)
+                        jsonl.write(json.dumps(to_json(rec), ensure_ascii=False) + "\n")
+                        jsonl.flush()
+                        bar.update(1)
     bar.close()
     return records, divergences
+
+
+def _units(samples, sessions: bool) -> list[tuple[str | None, list]]:
+    """What runs as one unit, every method in turn: each sample alone (cold requests), or each session's turns."""
+    if not sessions:
+        return [(None, [s]) for s in samples]
+    from oospec.datasets import group_sessions
+
+    return group_sessions(samples)
 
 
 def _run_one(m: BenchMethod, sample, prompt_ids, reference: Reference | None, max_new_tokens: int) -> Run:
@@ -286,6 +300,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "methods": names,
         "datasets": [label for label, _ in datasets],
         "items": {label: [s.id for s in samples] for label, samples in datasets},
+        "mode": "sessions (turn by turn, prefix reuse per method)" if cfg.sessions else "cold single requests",
         "eos_ids": sorted(int(i) for i in engine.eos_ids),
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
     }
@@ -295,7 +310,7 @@ def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: di
                    cores: Cores) -> dict:
     summary = summarize(records, names, target_threads=cores.target)
     sidecar_summary = summarize_sidecar(records)
-    report = format_report(summary, header, divergences, sidecar_summary)
+    report = format_report(summary, header, divergences, sidecar_summary, summarize_turns(records))
     (out / "report.md").write_text(report, encoding="utf-8")
     public = public_summary(summary, sidecar_summary)
     (out / "summary.json").write_text(json.dumps(to_json(public), indent=2) + "\n", encoding="utf-8")

@@ -10,7 +10,7 @@ from pathlib import Path
 from oospec.cli.options import (add_budget_option, add_command, add_runtime_options, add_sampling_options,
                                 add_sidecar_options, positive_int, set_threads, sidecar_settings)
 from oospec.integrations.vllm.bench import add_vllm_bench_parser
-from oospec.models.registry import DEFAULT_SIDECAR, TINY_TARGET
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_SIDECAR, TINY_TARGET
 
 COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
 RUN_EXAMPLE = """oospec bench run --dataset apibank:1 --limit 8 --methods ar,toolspec,oospec
@@ -59,7 +59,7 @@ def cmd_bench_run(args) -> None:
     run_benchmark(BenchConfig(
         datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
         methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
-        offset=args.offset, held_out_only=args.held_out_only,
+        offset=args.offset, held_out_only=args.held_out_only, sessions=args.sessions,
         items=[i.strip() for i in (args.items or "").split(",") if i.strip()],
         secondary_baseline=not args.no_secondary_baseline,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
@@ -117,6 +117,10 @@ def add_bench_parser(sub) -> None:
                    help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
     p.add_argument("--items", default=None, metavar="ID,ID",
                    help="only these item ids (another run's items, in each dataset's order)")
+    p.add_argument("--sessions", action="store_true",
+                   help="agent sessions: each dialogue replayed turn by turn, every method reusing its own prefix "
+                        "cache (target and sidecar) across a session's turns; --limit/--offset count sessions "
+                        "(API-Bank level 1)")
     p.add_argument("--no-secondary-baseline", action="store_true",
                    help="skip ar at the target's share of the cores beside sidecar methods (the secondary column)")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
@@ -139,7 +143,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
     p.add_argument("--turns", type=positive_int, default=None, help="replay only the first N turns (default: all)")
     p.add_argument("--max-tokens", type=positive_int, default=128)
-    p.add_argument("--prefix-cache-mb", type=float, default=512.0)
+    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
     add_runtime_options(p, model_default=TINY_TARGET)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told

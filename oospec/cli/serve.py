@@ -9,6 +9,7 @@ import sys
 
 from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
                                 add_sidecar_options, method_sidecar, positive_int)
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
 
 API_KEY_ENV = "OOSPEC_API_KEY"
 
@@ -40,7 +41,7 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--default-max-tokens", type=positive_int, default=1024, help="when a request sets none")
     p.add_argument("--default-temperature", type=float, default=0.0,
                    help="when a request sets none (OpenAI's default is 1; 0 is greedy, lossless and fastest)")
-    p.add_argument("--prefix-cache-mb", type=float, default=512.0, help="KV memory for prefix reuse; 0 turns it off")
+    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB, help="KV memory for prefix reuse; 0 turns it off")
     add_budget_option(p)
     p.add_argument("--shutdown-grace", type=float, default=30.0,
                    help="seconds in-flight work may take to finish on shutdown before it is cancelled")

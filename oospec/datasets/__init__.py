@@ -15,7 +15,7 @@ from oospec.datasets.accuracy import call_accuracy, calls_match, normalize_value
 from oospec.datasets.apibank import APIBANK_LEVELS, load_apibank, tools_from_apibank_prompt
 from oospec.datasets.bfcl import BFCL_SPLITS, BFCL_SYSTEM_PROMPT, bfcl_check, bfcl_gold, load_bfcl
 from oospec.datasets.loader import DATASETS, detect_format, load_dataset, load_path
-from oospec.datasets.sample import DatasetError, Sample, Samples, data_path
+from oospec.datasets.sample import DatasetError, Sample, Samples, data_path, group_sessions
 from oospec.datasets.toolalpaca import is_placeholder, load_toolalpaca, parse_toolalpaca_input, tools_from_toolalpaca
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "calls_match",
     "data_path",
     "detect_format",
+    "group_sessions",
     "is_placeholder",
     "load_apibank",
     "load_bfcl",

@@ -84,6 +84,9 @@ def apibank_samples(records: Sequence[Any], *, level: Any, source: str) -> Sampl
         if answer is not None:
             answers = answer if isinstance(answer, list) else [answer]
             gold = [ToolCall.from_dict(a) for a in answers]
+        other = rec.get("other") if isinstance(rec.get("other"), dict) else {}
+        # Level-1 items from one dialogue file are the successive turns of one agent session.
+        session = {"session": f"{source}:{other['file']}", "turn": other.get("id", i)} if "file" in other else {}
         return [Sample(
             id=f"apibank-l{level}-{i}",
             dataset="apibank",
@@ -92,7 +95,8 @@ def apibank_samples(records: Sequence[Any], *, level: Any, source: str) -> Sampl
             tools=tools,
             gold=gold,
             dialect="apibank",
-            meta={"level": level, "index": i, "source": source, "other": rec.get("other"), "tools_in_prompt": True},
+            meta={"level": level, "index": i, "source": source, "other": rec.get("other"), "tools_in_prompt": True,
+                  **session},
         )]
 
     return build_samples(records, source, make)

@@ -87,6 +87,16 @@ class Samples(list[Sample]):
         return Samples(self[: max(0, int(limit))], self.skipped)
 
 
+def group_sessions(samples: Iterable[Sample]) -> list[tuple[str, list[Sample]]]:
+    """The samples that are turns of one agent session (`meta["session"]`), each session's turns in order
+    (`meta["turn"]`); sessions in the order their first turn comes. Samples without a session are left out."""
+    groups: dict[str, list[Sample]] = {}
+    for s in samples:
+        if s.meta.get("session") is not None:
+            groups.setdefault(str(s.meta["session"]), []).append(s)
+    return [(name, sorted(turns, key=lambda s: s.meta.get("turn", 0))) for name, turns in groups.items()]
+
+
 # Why a record could not become a sample. Anything else is a bug in the loader and propagates.
 MALFORMED = (OospecError, KeyError, TypeError, ValueError, AttributeError)
 

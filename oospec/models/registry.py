@@ -102,6 +102,7 @@ DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"  # also the draft assistant of hf-assiste
 TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs (`oospec bench serve`)
 DEFAULT_METHOD = "oospec"  # toolspec's drafts plus the sidecar's hints (the shipped sidecar and its adapter)
 DEFAULT_BUDGET = 16  # most draft tokens verified per target forward
+DEFAULT_PREFIX_CACHE_MB = 512.0  # KV memory kept for prefix reuse across requests (server, session benchmarks)
 
 
 def unknown_model_message(name: str, folder_ok: bool = True) -> str:

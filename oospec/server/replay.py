@@ -10,7 +10,6 @@ Greedy outputs must be identical across configurations; the report says whether 
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import socket
 import sys
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from oospec.errors import OospecError
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
 
 if TYPE_CHECKING:  # the sidecar (and torch) load only when a method needs it
     from oospec.sidecar.process import SidecarSettings
@@ -32,14 +32,9 @@ if TYPE_CHECKING:  # the sidecar (and torch) load only when a method needs it
 
 def dialogues() -> dict[str, list]:
     """API-Bank level-1 samples grouped by dialogue file, turns in order."""
-    from oospec.datasets import load_dataset
+    from oospec.datasets import group_sessions, load_dataset
 
-    groups: dict[str, list] = collections.defaultdict(list)
-    for s in load_dataset("apibank", split="1"):
-        other = s.meta.get("other") or {}
-        if "file" in other:
-            groups[other["file"]].append((other.get("id", 0), s))
-    return {name: [s for _, s in sorted(items, key=lambda t: t[0])] for name, items in groups.items()}
+    return {name.rpartition(":")[2]: turns for name, turns in group_sessions(load_dataset("apibank", split="1"))}
 
 
 def pick_dialogue(name: str | None) -> tuple[str, list]:
@@ -152,7 +147,7 @@ def replay(base_url: str, model: str, turns: list, max_tokens: int) -> list[Turn
 
 
 def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: str | None = None,
-        turns: int | None = None, max_tokens: int = 128, prefix_cache_mb: float = 512.0, threads: int | None = None,
+        turns: int | None = None, max_tokens: int = 128, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, threads: int | None = None,
         dtype: str = "auto", device: str = "cpu", optimize: bool = True) -> dict:
     """Replay the dialogue (the longest level-1 one unless named; its first `turns` turns) for every method with
     prefix reuse off and on; `sidecar` is started once if a method needs one. Returns the report."""

@@ -13,7 +13,7 @@ from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import OospecError
-from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD
+from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB
 from oospec.server.errors import bad_request
 from oospec.server.prompting import Prompt, build_prompt
 from oospec.server.reply import Reply, ReplyBuilder
@@ -29,7 +29,7 @@ class ServerConfig:
     request_timeout_s: float = 600.0  # from arrival, queueing included
     default_max_tokens: int = 1024  # when a request gives none (always capped by the context)
     default_temperature: float = 0.0  # OpenAI's default is 1; greedy is this server's, for lossless speed
-    prefix_cache_mb: float = 512.0  # 0 turns prefix reuse off
+    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB  # 0 turns prefix reuse off
     budget: int = DEFAULT_BUDGET  # most draft tokens verified per forward
     api_key: str | None = None
     shutdown_grace_s: float = 30.0
