@@ -89,7 +89,7 @@ def load(model: str = DEFAULT_TARGET, method: str = DEFAULT_METHOD, *, sidecar: 
     settings = None
     if method in SIDECAR_DRAFTERS:
         settings = sidecar if isinstance(sidecar, SidecarSettings) else SidecarSettings(
-            **({"model": sidecar} if sidecar else {}), dtype=dtype)
+            **({"model": sidecar} if sidecar else {}))
     use_threads(target_threads(threads, settings))
     # The target first: a bad model fails before the sidecar's process is started (it takes seconds to load).
     engine = Engine.from_pretrained(model, dtype=dtype, device=device, optimize=optimize)

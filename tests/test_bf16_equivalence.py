@@ -18,7 +18,7 @@ from oospec.engine.decode import generate
 from oospec.engine.drafting import Request
 from oospec.engine.invariant import install
 from oospec.engine.target import TargetBackend
-from oospec.models.cpu_features import auto_dtype, cpu_flags, native_bf16
+from oospec.models.cpu_features import auto_dtype, cpu_flags, drafter_dtype, native_bf16
 
 MAX_NEW = 24
 
@@ -91,9 +91,13 @@ def test_native_bf16_is_read_off_the_flags_and_unprobed_auto_stays_float32_on_cp
     assert native_bf16(cpu_flags(CPUINFO_BF16)) == "avx512_bf16"  # the first processor's flags
     assert native_bf16(cpu_flags(CPUINFO_AMX)) == "amx_bf16"
     assert native_bf16(cpu_flags("")) is None  # no /proc/cpuinfo (macOS, Windows)
-    # Without a probe (sidecars, tools) auto is float32 on a CPU; a target's auto is probed (test_invariant.py).
+    # Without a probe (tools, peers) auto is float32 on a CPU; a target's auto is probed (test_invariant.py).
     assert auto_dtype("cpu") == auto_dtype("mps") == "float32"
     assert auto_dtype("cuda:0") == "bfloat16"
+    # A drafter's model (the sidecar) takes native bfloat16 wherever the CPU has it, exact or not.
+    assert [drafter_dtype("cpu", cpu_flags(c)) for c in (CPUINFO_AVX2, CPUINFO_AVX512, CPUINFO_BF16, CPUINFO_AMX)] \
+        == ["float32", "float32", "bfloat16", "bfloat16"]
+    assert drafter_dtype("cuda", cpu_flags(CPUINFO_AVX2)) == "bfloat16"
 
 
 def test_auto_dtype_of_this_machine_reaches_load_model(smollm2_path):

@@ -337,7 +337,7 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
     if header.get("sidecar"):
         sc = header["sidecar"]
         adapter = f" + {sc['adapter']} (weights sha256 {str(sc.get('adapter_sha256'))[:12]})" if sc.get("adapter") else ""
-        lines.append(f"- sidecar: {sc['model']}{adapter} on {sc['device']}, "
+        lines.append(f"- sidecar: {sc['model']}{adapter} on {sc['device']} ({sc.get('dtype', 'auto')}), "
                      f"{plural(sc['threads'], 'thread')}, own process; target threads {header['target_threads']}")
     cores = header.get("cores")
     if cores:

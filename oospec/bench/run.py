@@ -29,6 +29,7 @@ from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, S
                                   check_methods_sample, check_methods_sessions, parse_methods, uses_sidecar)
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
                                  summarize_sidecar, summarize_turns, to_json)
+from oospec.models.cpu_features import drafter_dtype
 
 log = logging.getLogger("oospec.bench")
 
@@ -221,8 +222,9 @@ def _resolved_adapter(cfg: BenchConfig) -> str | None:
 def _start_sidecar(cfg: BenchConfig):
     from oospec.sidecar.process import SidecarSettings, make_sidecar
 
+    # The sidecar's dtype is not the target's: a drafter runs in the fastest precision its device has.
     sidecar = make_sidecar(SidecarSettings(cfg.sidecar_model, cfg.sidecar_adapter, cfg.sidecar_threads,
-                                           cfg.sidecar_device, cfg.dtype))
+                                           cfg.sidecar_device))
     if not sidecar.ready:
         raise BenchError(f"the sidecar {cfg.sidecar_model!r} did not start: see the warning above")
     return sidecar
@@ -288,6 +290,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "assistant_kernels": kernels_note(methods[0].shared.assistant_model) if "hf-assisted" in names else None,
         "sidecar": {"model": cfg.sidecar_model, "adapter": adapter, "adapter_sha256": weights_sha256(adapter),
                     "threads": cfg.sidecar_threads, "device": cfg.sidecar_device,
+                    "dtype": drafter_dtype(cfg.sidecar_device),
                     "cache": "cleared before a run of the item the sidecar served last (another method's, or "
                              "the warm-up)"} if cores.sidecar_device is not None else None,
         "target_threads": cores.target,

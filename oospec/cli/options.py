@@ -133,7 +133,7 @@ def sidecar_settings(args: argparse.Namespace):
     from oospec.sidecar.process import SidecarSettings  # imports torch: not at parse time
 
     return SidecarSettings(model=args.sidecar_model, adapter=args.sidecar_adapter, threads=args.sidecar_threads,
-                           device=args.sidecar_device or args.device, dtype=args.dtype)
+                           device=args.sidecar_device or args.device)  # its dtype: the drafter rule, not --dtype
 
 
 def method_sidecar(args: argparse.Namespace):

@@ -1,7 +1,8 @@
 """What this CPU computes natively in bfloat16 (AVX512_BF16 or AMX), and what an unprobed `--dtype auto` means.
 
-`auto_dtype` is the rule for models loaded without a probe (the sidecar, tools): bfloat16 on CUDA, float32 on a
-CPU. A *target*'s `--dtype auto` on a CPU is decided by `oospec.engine.precision`: bfloat16 only where the CPU
+`auto_dtype` is the rule for models loaded without a probe (tools, HF peers): bfloat16 on CUDA, float32 on a
+CPU. `drafter_dtype` is the rule for a drafter's own model (the sidecar): it only proposes, the target decides what
+is kept, so it needs no exactness and takes the fastest precision the device computes natively. A *target*'s `--dtype auto` on a CPU is decided by `oospec.engine.precision`: bfloat16 only where the CPU
 has it natively (`native_bf16`) and the invariant forward (`oospec.engine.invariant`) passes the bitwise probe.
 Stock bfloat16 is not that: oneDNN's native bfloat16 GEMM gives a row a result that depends on how many rows
 are multiplied with it (a Xeon with AMX, torch 2.13), and on an AMD EPYC with AVX512_BF16 a verification
@@ -45,6 +46,14 @@ def auto_dtype(device: str) -> str:
     if str(device).startswith("cuda"):
         return "bfloat16"
     return "float32"  # every CPU: see the module docstring for why not bfloat16 where it is native
+
+
+def drafter_dtype(device: str, flags: frozenset[str] | None = None) -> str:
+    """The dtype `auto` means for a drafter's model on `device`: bfloat16 on CUDA and on CPUs with native bfloat16
+    (about twice the float32 speed there), float32 on other CPUs (where bfloat16 is emulated and slower)."""
+    if str(device).startswith("cuda") or native_bf16(flags):
+        return "bfloat16"
+    return "float32"
 
 
 @lru_cache(maxsize=1)

@@ -61,8 +61,10 @@ def resolve_adapter(model: str, adapter: str | None) -> str | None:
 
 def make_predictor(model: str = DEFAULT_SIDECAR, dtype: str = "auto", device: str = "cpu", adapter: str | None = "auto",
                    **kwargs):
+    from oospec.models.cpu_features import drafter_dtype
     from oospec.sidecar.predictor import SidecarPredictor
 
+    dtype = drafter_dtype(device) if dtype == "auto" else dtype  # a drafter: the fastest native precision
     return SidecarPredictor.from_pretrained(model, dtype=dtype, device=device, adapter=resolve_adapter(model, adapter),
                                             **kwargs)
 
@@ -398,7 +400,7 @@ class SidecarSettings:
     adapter: str | None = "auto"  # 'auto': the adapter shipped for `model`; 'none'/None: the base model; or a folder
     threads: int | None = 1  # torch threads of the sidecar's own process
     device: str = "cpu"
-    dtype: str = "auto"
+    dtype: str = "auto"  # 'auto': the drafter rule (oospec.models.cpu_features.drafter_dtype), whatever the target's
 
 
 def make_sidecar(settings: SidecarSettings = SidecarSettings()) -> SidecarClient:
