@@ -156,7 +156,7 @@ def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
     assert rows["oospec-wait"]["identical_rate"] == 1.0 and rows["oospec-wait"]["cores"] == "1+1"
     assert all(r["sidecar"]["waited_s"] >= 0 and r["sidecar"]["arrived"] for r in waited)
     report = (tmp_path / "report.md").read_text()
-    assert "Sidecar:" in report and "| oospec | 2 | 100% |" in report
+    assert "Sidecar:" in report and "| oospec | 2 | 100% | 100% |" in report
 
 
 # -- the honest-benchmark guarantees: the adapter's digest and training data are recorded and checked, and no

@@ -187,8 +187,10 @@ def test_target_choosing_another_function_asks_for_its_slots():
 
 def test_no_payload_no_candidates():
     drafter, texts = drafter_after('<tool_call>\n{"name": "', None)
-    assert texts == [] and drafter.report == SidecarReport(submitted=True)
-    assert drafter.report.as_dict() == {"submitted": True}
+    schedule = drafter.report.schedule  # a test double that names no device: its own, so it always runs
+    assert schedule["run"] and schedule["why"] == "own device" and schedule["cost_s"] == 0.0
+    assert texts == [] and drafter.report == SidecarReport(submitted=True, schedule=schedule)
+    assert drafter.report.as_dict() == {"submitted": True, "schedule": schedule}
 
 
 # -- the predictor -----------------------------------------------------------------------------------------

@@ -184,6 +184,7 @@ class SidecarMethod(EngineMethod):
     uses_sidecar = True
     drafter_name = "sidecar"
     wait_s = 0.0
+    schedule = "cost"  # whether each request's job runs: the cost model's call (oospec.drafters.sidecar_schedule)
 
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
@@ -201,7 +202,7 @@ class SidecarMethod(EngineMethod):
         from oospec.drafters import make_drafter
 
         options = {"wait_s": self.wait_s} if self.wait_s else {}
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, **options)
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, **options)
 
     def start_session(self, reuse_prefixes: bool) -> None:
         super().start_session(reuse_prefixes)
@@ -225,6 +226,13 @@ class OoOSpecMethod(SidecarMethod):
     drafter_name = "oospec"
 
 
+class OoOSpecAlwaysMethod(SidecarMethod):
+    """`oospec` that sends every request's job, whatever the cost model expects (the method before the schedule)."""
+
+    drafter_name = "oospec"
+    schedule = "always"
+
+
 class OoOSpecOwnCoresMethod(SidecarMethod):
     """`oospec` whose target never borrows the idle sidecar's threads: the method before the give-back."""
 
@@ -233,7 +241,7 @@ class OoOSpecOwnCoresMethod(SidecarMethod):
     def make_drafter(self):
         from oospec.drafters import make_drafter
 
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False)
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False, schedule="always")
 
 
 class OoOSpecWaitMethod(SidecarMethod):
@@ -242,6 +250,7 @@ class OoOSpecWaitMethod(SidecarMethod):
 
     drafter_name = "oospec"
     wait_s = 120.0
+    schedule = "always"
 
 
 class HFMethod(BenchMethod):
@@ -298,6 +307,7 @@ METHODS: dict[str, type[BenchMethod]] = {
     "sidecar": SidecarMethod,
     "oospec": OoOSpecMethod,
     "oospec-wait": OoOSpecWaitMethod,
+    "oospec-always": OoOSpecAlwaysMethod,
     "oospec-own-cores": OoOSpecOwnCoresMethod,
     "hf-pld": HFMethod,
     "hf-assisted": HFAssistedMethod,

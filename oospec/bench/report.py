@@ -48,6 +48,7 @@ def summarize_sidecar(records: Sequence[dict]) -> dict:
             slots_total = sum(x.get("slots_total", 0) for x in agree)
             table.setdefault(ds, {})[m] = {
                 "n": len(scs),
+                "sent": float(np.mean([bool(x.get("submitted")) for x in scs])),  # the cost model ran the job
                 "answered": len(answered) / len(scs),
                 "in_time": len(in_time) / len(scs),
                 "latency_s": float(np.mean([x["latency_s"] for x in answered if x.get("latency_s")])) if answered else None,
@@ -94,12 +95,12 @@ def format_turn_table(turns: dict[int, dict[str, dict]]) -> str:
 
 
 def format_sidecar_table(rows: dict[str, dict]) -> str:
-    lines = ["| method | n | answered | in time | latency | tokens written at arrival "
+    lines = ["| method | n | jobs sent | answered | in time | latency | tokens written at arrival "
              "| function agreement (best, any branch) | slot agreement | full-call agreement | payload bytes "
              "| follow-ups (arrived) | faults |",
-             "|" + "---|" * 12]
+             "|" + "---|" * 13]
     for m, r in rows.items():
-        lines.append(f"| {m} | {r['n']} | {_pct(r['answered'])} | {_pct(r['in_time'])} "
+        lines.append(f"| {m} | {r['n']} | {_pct(r.get('sent'))} | {_pct(r['answered'])} | {_pct(r['in_time'])} "
                      f"| {_fmt(r['latency_s'], '.1f', ' s')} | {_fmt(r['tokens_written_at_arrival'], '.1f')} "
                      f"| {_pct(r['function_agreement'])}, {_pct(r.get('function_in_payload'))} "
                      f"| {_pct(r['slot_agreement'])} "
@@ -253,6 +254,10 @@ NOTES: tuple[tuple[frozenset[str] | None, str], ...] = (
 - cores: the target's torch threads, plus the sidecar's for methods that run one (it has its own process).
   Every method gets the same total: a sidecar method splits it, every other method (toolspec, hf-* and
   ar included) gives it all to the target (run.json `cores`)."""),
+    (frozenset({"oospec-always"}), """\
+  oospec-always: oospec that sends every request's job to the sidecar; oospec sends it only where the cost
+  model expects the hints to save more than the job costs the target on shared cores (samples.jsonl
+  sidecar.schedule)."""),
     (frozenset({"oospec-wait"}), """\
   oospec-wait: oospec whose target waits (up to 120 s, counted in its decode time) for the payload before
   its first draft: the tau of hints that are always in time, as a sidecar on its own accelerator gives a
@@ -263,7 +268,7 @@ NOTES: tuple[tuple[frozenset[str] | None, str], ...] = (
     (frozenset({ALL_CORES}), """\
   ar-all-cores: ar with every core, for reference."""),
     (frozenset({ANY_SIDECAR}), """\
-- sidecar table: answered = a valid payload came back (perhaps after the request ended); in time = it
+- sidecar table: jobs sent = requests whose job the cost model ran; answered = a valid payload came back (perhaps after the request ended); in time = it
   arrived while the target was still decoding, so its hints could be used; tokens written at arrival (of
   those in time): 1.0 = before the first decode step (the sidecar ran during the prefill);
   latency = from the request's start to the payload; agreement = payload vs the call the target wrote

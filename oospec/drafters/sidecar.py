@@ -27,11 +27,13 @@ import uuid
 from dataclasses import dataclass, fields, is_dataclass, replace
 
 import numpy as np
+import torch
 
 from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
+from oospec.drafters.sidecar_schedule import SidecarSchedule
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
 from oospec.sidecar.agreement import same_value
@@ -76,6 +78,7 @@ class SidecarReport:
     following: list[dict] | None = None  # [{"function", "arguments"}] of the calls expected after the best
     dropped: list[str] | None = None  # slots the payload check removed
     followup: FollowUpReport | None = None
+    schedule: dict | None = None  # the cost model's decision for this request (sidecar_schedule.Decision)
 
     def as_dict(self) -> dict:
         """The recorded fields as plain JSON-ready data (benchmark records, server stats)."""
@@ -96,9 +99,18 @@ class SidecarDrafter(Drafter):
 
     name = "sidecar"
 
+    SCHEDULES = ("cost", "always")
+
     def __init__(self, sidecar=None, schema: SchemaDrafter | None = None, max_tokens: int = 96,
-                 confidence: float = 0.9, alternative_confidence: float = 0.35, wait_s: float = 0.0):
+                 confidence: float = 0.9, alternative_confidence: float = 0.35, wait_s: float = 0.0,
+                 schedule: str = "cost"):
+        if schedule not in self.SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(self.SCHEDULES)}, got {schedule!r}")
         self.sidecar = sidecar  # a SidecarClient (or anything with submit/poll)
+        # "cost": a request's job runs only where the cost model expects it to pay (sidecar_schedule);
+        # "always": every request's (what a benchmark compares against).
+        self.schedule = schedule
+        self.plan = SidecarSchedule()
         # > 0: at its first draft the target waits up to this long for the payload. Benchmarks use it to
         # measure what hints that are always in time give (a sidecar on its own accelerator); serving never should.
         self.wait_s = wait_s
@@ -127,6 +139,8 @@ class SidecarDrafter(Drafter):
         self.turn: list[Guess] = []  # the predicted calls of the turn, in order
         self.matched: list[bool] = []  # per predicted call: a call the target closed was matched to it
         self.report = SidecarReport()
+        self._steps, self._written, self._last_step_at = 0, 0, None  # forwards, tokens, time: the cost model's
+        self._job_tokens = 0  # prompt tokens the sidecar had not cached when the job was sent
         self.hinted: dict[str, Tool] = {}  # the guessed functions, each once
         self._closed_seen = 0  # calls the target closed that were matched against the turn
         self.tool_names = frozenset(t.name for t in self.schema.tools) if self.schema.active else frozenset()
@@ -146,17 +160,40 @@ class SidecarDrafter(Drafter):
                        tools=[to_openai(t) for t in tools], chat_tools=chat_tools or None, opener=opener,
                        args_key=self.render.args_key,
                        openers=list(dict.fromkeys(habits.openers + list(dialect.openers))))
+        prompt = np.asarray(request.prompt_ids)
+        decision = self.plan.decide(prompt, torch.get_num_threads(), self.sidecar_cpu_threads())
+        self.report.schedule = {**decision.as_dict(), "run": decision.run or self.schedule == "always"}
+        if not self.report.schedule["run"]:
+            return  # drafts as toolspec: the target keeps every core
         self.submitted_at = time.time()
         self.ticket = self.sidecar.submit(self.job, tools)
         self.report.submitted = self.ticket is not None
+        if self.ticket is not None:
+            self.plan.submitted(prompt)
+            self._job_tokens = decision.new_tokens
+
+    def sidecar_cpu_threads(self) -> int:
+        """The CPU threads the sidecar takes from the target while it works: 0 on its own device (or for a test
+        double that does not say)."""
+        if getattr(self.sidecar, "device", "cpu") != "cpu":
+            return 0
+        return int(getattr(self.sidecar, "threads", 0) or 0)
 
     def observe(self, produced: np.ndarray) -> None:
         if self._owns_schema:
             self.schema.observe(produced)
+        now = time.perf_counter()
+        if self._last_step_at is not None:  # the first interval ends the prefill: not a decode step
+            self.plan.step(now - self._last_step_at)
+        self._last_step_at = now
+        self._steps += 1
+        self._written += int(produced.size)
 
     def finish(self) -> None:
         if self._owns_schema:
             self.schema.finish()
+        if self.sidecar is not None and self.schema.active:
+            self.plan.request_done(self._written, self._steps, bool(self.report.arrived))
         if self.ticket is not None and self.payload is None:
             payload = self.sidecar.poll(self.ticket)  # an answer that came too late is still reported
             self.report.fault = getattr(self.ticket, "fault", None)
@@ -177,6 +214,8 @@ class SidecarDrafter(Drafter):
         report.arrived, report.tokens_written_at_arrival = tokens_written is not None, tokens_written
         report.latency_s = round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None
         report.compute_s, report.payload_bytes = payload.compute_s, payload.size_bytes
+        if payload.compute_s is not None:
+            self.plan.job_done(self._job_tokens, payload.compute_s)
         report.function = payload.best.function if payload.best else None
         report.arguments = payload.best.arguments if payload.best else None
         report.no_call, report.call_probability = payload.best is None, payload.call_probability
@@ -387,12 +426,12 @@ class OoOSpecDrafter(MergedDrafter):
     name = "oospec"
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
-                 wait_s: float = 0.0, lend_threads: bool = True):
+                 wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost"):
         # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
         # before the give-back; benchmarks compare the two in one run).
         self.lend_threads = lend_threads
         schema = SchemaDrafter()
-        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s)
+        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s, schedule=schedule)
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
 
     @property

@@ -1,0 +1,158 @@
+"""Whether a request's sidecar job pays for itself: one cost model per request, from what this machine measured.
+
+The sidecar's hints save target forwards (a higher tau), but on a CPU it shares with the target its job takes
+cores while the target prefills. With the target on T threads and the sidecar on S, a job of W seconds slows the
+target's prefill by about W * S / (T + S) (while it runs the target has T threads instead of T + S; once it is
+idle the target borrows them back, see oospec.engine.threads). The saving is the forwards the hints spare,
+L * (1 / tau_without - 1 / tau_with), each worth one decode step of s seconds. The job runs when the saving
+exceeds the cost; a sidecar on its own device costs the target nothing and always runs.
+
+Every quantity is measured as the drafter serves requests: W = a + b * n from the jobs' compute times (n: the
+prompt tokens the sidecar has not cached, which an agent's next turn keeps small), L from the calls written,
+s from the decode steps, the two taus from requests with and without hints in time. Until measured, each takes
+its value from PRIORS (measured once on a 2-core AMD EPYC, Qwen2.5-Coder-1.5B target, 0.5B sidecar). The first
+`explore` jobs always run, so that the sidecar's own speed on this machine is measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from oospec.engine.prefix_cache import common_prefix_length
+
+
+@dataclass(frozen=True)
+class Priors:
+    """What the model assumes before this machine has measured it (and how many observations that is worth)."""
+
+    job_fixed_s: float = 1.5  # a: the sidecar's decoding (names, slots, the calls after), per job
+    job_s_per_token: float = 0.006  # b: its prefill, per prompt token not cached (one thread)
+    call_tokens: float = 40.0  # L: tokens of the reply
+    step_s: float = 0.15  # s: one decode step of the target
+    tau_without: float = 4.3  # toolspec's drafts alone
+    tau_with: float = 9.0  # with the hints in time
+    weight: float = 2.0  # pseudo-observations each prior counts for
+
+
+PRIORS = Priors()
+TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (API-Bank prompts: 500-1000)
+
+
+class Running:
+    """A mean that starts at a prior worth `weight` observations."""
+
+    def __init__(self, prior: float, weight: float):
+        self.total, self.count = prior * weight, weight
+
+    def add(self, x: float) -> None:
+        self.total += x
+        self.count += 1
+
+    @property
+    def value(self) -> float:
+        return self.total / self.count
+
+
+class JobCost:
+    """W = a + b * n, fitted by least squares to the jobs seen, pulled towards the priors (ridge)."""
+
+    def __init__(self, priors: Priors):
+        self.priors = priors
+        self.obs: list[tuple[float, float]] = []  # (n, seconds), the most recent MAX_OBS
+
+    MAX_OBS = 64
+
+    def add(self, new_tokens: int, seconds: float) -> None:
+        self.obs = [*self.obs, (float(new_tokens), float(seconds))][-self.MAX_OBS:]
+
+    def coefficients(self) -> tuple[float, float]:
+        """(a, b): the least-squares line through the jobs seen and the priors' line at two prompt lengths (no
+        prompt, a typical one), those two points weighing `weight` observations together."""
+        p = self.priors
+        if not self.obs:
+            return p.job_fixed_s, p.job_s_per_token
+        prior_n = (0.0, TYPICAL_PROMPT_TOKENS)
+        w = np.sqrt(p.weight / len(prior_n))
+        x = np.array([[1.0, n / 1000] for n, _ in self.obs] + [[w, w * n / 1000] for n in prior_n])
+        y = np.array([s for _, s in self.obs] + [w * (p.job_fixed_s + p.job_s_per_token * n) for n in prior_n])
+        a, b = np.linalg.lstsq(x, y, rcond=None)[0]
+        return max(0.0, float(a)), max(0.0, float(b)) / 1000
+
+    def seconds(self, new_tokens: int) -> float:
+        a, b = self.coefficients()
+        return a + b * new_tokens
+
+
+@dataclass
+class Decision:
+    run: bool
+    why: str  # "own device", "exploring", "pays", "costs more than it saves"
+    new_tokens: int  # prompt tokens the sidecar would read that it has not cached
+    job_s: float  # W
+    cost_s: float  # the target's expected slow-down
+    gain_s: float  # the expected saving
+
+    def as_dict(self) -> dict:
+        return {"run": self.run, "why": self.why, "new_tokens": self.new_tokens, "job_s": round(self.job_s, 3),
+                "cost_s": round(self.cost_s, 3), "gain_s": round(self.gain_s, 3)}
+
+
+class SidecarSchedule:
+    """Decides per request whether the sidecar's job runs (`decide`), and learns from what each request shows."""
+
+    def __init__(self, priors: Priors = PRIORS, explore: int = 2):
+        self.priors = priors
+        self.explore = explore
+        self.job = JobCost(priors)
+        self.call_tokens = Running(priors.call_tokens, priors.weight)
+        self.step_s = Running(priors.step_s, priors.weight)
+        self.tau_without = Running(priors.tau_without, priors.weight)
+        self.tau_with = Running(priors.tau_with, priors.weight)
+        self._last_prompt: np.ndarray | None = None  # the prompt of the sidecar's last job (its cache holds it)
+
+    def new_tokens(self, prompt_ids: np.ndarray) -> int:
+        """The prompt tokens the sidecar would have to read: those after what it shares with the last job's."""
+        if self._last_prompt is None:
+            return int(prompt_ids.size)
+        return int(prompt_ids.size) - common_prefix_length([prompt_ids, self._last_prompt])
+
+    def decide(self, prompt_ids: np.ndarray, target_threads: int, sidecar_threads: int) -> Decision:
+        """`sidecar_threads`: the CPU threads the sidecar takes from the target while it works (0: its own device)."""
+        n = self.new_tokens(prompt_ids)
+        job_s = self.job.seconds(n)
+        cost = job_s * sidecar_threads / max(1, target_threads + sidecar_threads)
+        spared = self.call_tokens.value * max(0.0, 1 / self.tau_without.value - 1 / self.tau_with.value)
+        gain = spared * self.step_s.value
+        if sidecar_threads == 0:
+            why, run = "own device", True
+        elif len(self.job.obs) < self.explore:
+            why, run = "exploring", True
+        else:
+            run = gain > cost
+            why = "pays" if run else "costs more than it saves"
+        return Decision(run, why, n, job_s, cost, gain)
+
+    # -- learning --------------------------------------------------------------------------------------------
+    def submitted(self, prompt_ids: np.ndarray) -> None:
+        self._last_prompt = np.asarray(prompt_ids)
+
+    def job_done(self, new_tokens: int, compute_s: float) -> None:
+        self.job.add(new_tokens, compute_s)
+
+    def step(self, seconds: float) -> None:
+        self.step_s.add(seconds)
+
+    def request_done(self, new_tokens: int, forwards: int, hints_in_time: bool) -> None:
+        """One finished request: its reply's length and tau, with or without hints in time."""
+        if new_tokens <= 0 or forwards <= 0:
+            return
+        self.call_tokens.add(new_tokens)
+        (self.tau_with if hints_in_time else self.tau_without).add(new_tokens / forwards)
+
+    def as_dict(self) -> dict:
+        a, b = self.job.coefficients()
+        return {"job_fixed_s": round(a, 3), "job_s_per_token": round(b, 6), "jobs_measured": len(self.job.obs),
+                "call_tokens": round(self.call_tokens.value, 1), "step_s": round(self.step_s.value, 4),
+                "tau_without": round(self.tau_without.value, 2), "tau_with": round(self.tau_with.value, 2)}

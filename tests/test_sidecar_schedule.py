@@ -1,0 +1,108 @@
+"""The sidecar's cost model: a job runs only where the saving it is expected to bring exceeds what it costs the
+target on the cores they share; every quantity measured as requests are served."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sidecar_fakes import InstantSidecar
+
+from oospec.drafters.sidecar import OoOSpecDrafter, SidecarDrafter
+from oospec.drafters.sidecar_schedule import PRIORS, JobCost, SidecarSchedule
+from oospec.sidecar.protocol import Guess
+
+
+def _prompt(n: int, start: int = 0) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int64)
+
+
+def test_job_cost_fit_recovers_the_measured_line_and_starts_at_the_priors():
+    cost = JobCost(PRIORS)
+    assert cost.coefficients() == (PRIORS.job_fixed_s, PRIORS.job_s_per_token)
+    for n in (50, 200, 400, 650, 900, 120, 700, 300) * 8:  # 64 jobs against priors worth 2
+        cost.add(n, 0.4 + 0.003 * n)
+    a, b = cost.coefficients()
+    assert a == pytest.approx(0.4, abs=0.06) and b == pytest.approx(0.003, rel=0.1)
+    assert cost.seconds(500) == pytest.approx(1.9, rel=0.05)
+
+
+def test_a_cold_long_prompt_on_shared_cores_is_not_worth_a_job_after_the_exploring_ones():
+    plan = SidecarSchedule(explore=2)
+    first = plan.decide(_prompt(650), target_threads=1, sidecar_threads=1)
+    assert first.run and first.why == "exploring" and first.new_tokens == 650
+    for _ in range(2):
+        plan.job_done(650, 4.0)  # a 0.5B sidecar reading 650 tokens on one core
+    for _ in range(5):
+        plan.step(0.14)  # a 1.5B target's decode step
+    cold = plan.decide(_prompt(650, start=10_000), target_threads=1, sidecar_threads=1)
+    assert not cold.run and cold.why == "costs more than it saves"
+    assert cold.cost_s == pytest.approx(cold.job_s / 2) and cold.gain_s < cold.cost_s
+    # On its own device the same job costs the target nothing.
+    own = plan.decide(_prompt(650, start=10_000), target_threads=2, sidecar_threads=0)
+    assert own.run and own.why == "own device" and own.cost_s == 0.0
+
+
+def test_a_slow_target_or_a_cached_prompt_makes_the_job_pay():
+    plan = SidecarSchedule(explore=0)
+    for n, s in ((650, 4.0), (80, 0.9), (400, 2.8), (60, 0.8)):
+        plan.job_done(n, s)
+    for _ in range(20):
+        plan.step(0.9)  # a 7B-sized target on this CPU
+    assert plan.decide(_prompt(650), 1, 1).run
+    fast = SidecarSchedule(explore=0)
+    for n, s in ((650, 4.0), (80, 0.5), (400, 2.5), (60, 0.45)):
+        fast.job_done(n, s)
+    fast.submitted(_prompt(700))  # the session's last turn: the sidecar holds its prompt
+    turn = np.concatenate([_prompt(700), _prompt(30, start=5000)])
+    assert fast.new_tokens(turn) == 30
+    for _ in range(20):
+        fast.step(0.25)
+    assert fast.decide(turn, 1, 1).run and not fast.decide(_prompt(730, start=9000), 1, 1).run
+
+
+def test_taus_and_reply_length_are_learned_from_requests():
+    plan = SidecarSchedule()
+    plan.request_done(new_tokens=60, forwards=5, hints_in_time=True)
+    plan.request_done(new_tokens=60, forwards=20, hints_in_time=False)
+    plan.request_done(new_tokens=0, forwards=0, hints_in_time=False)  # nothing written: ignored
+    assert plan.tau_with.value == pytest.approx((PRIORS.tau_with * PRIORS.weight + 12) / (PRIORS.weight + 1))
+    assert plan.tau_without.value == pytest.approx((PRIORS.tau_without * PRIORS.weight + 3) / (PRIORS.weight + 1))
+    assert plan.call_tokens.value > PRIORS.call_tokens
+
+
+class CpuSidecar(InstantSidecar):
+    """A test double that says it shares the target's CPU, one thread."""
+
+    device, threads = "cpu", 1
+
+
+def _serve(drafter: SidecarDrafter, n_prompt: int, start: int) -> None:
+    from test_sidecar import TOOLS, CharTokenizer
+
+    from oospec.engine.drafting import Request
+
+    req = Request(prompt_ids=_prompt(n_prompt, start), eos_ids=frozenset({0}), tokenizer=CharTokenizer(),
+                  messages=[{"role": "user", "content": "weather in Paris"}], tools=TOOLS, dialect="hermes")
+    drafter.start(req)
+    drafter.finish()
+
+
+def test_the_drafter_skips_the_job_the_model_rejects_and_says_why_and_always_runs_every_job():
+    guesses = [Guess("get_weather", {"city": "Paris", "days": 3})]
+    drafter = OoOSpecDrafter(CpuSidecar(guesses))
+    inner = drafter.sidecar_drafter
+    inner.plan.explore = 1
+    _serve(drafter, 650, 0)
+    assert inner.report.submitted and inner.report.schedule["why"] == "exploring"
+    for _ in range(10):
+        inner.plan.step(0.01)  # a tiny target: a step saved is worth nothing next to a job
+    _serve(drafter, 650, 5000)
+    assert not inner.report.submitted and inner.report.schedule == {**inner.report.schedule, "run": False}
+    assert len(drafter.sidecar_drafter.sidecar.jobs) == 1
+    always = OoOSpecDrafter(CpuSidecar(guesses), schedule="always")
+    always.sidecar_drafter.plan.explore = 0
+    for start in (0, 5000):
+        _serve(always, 650, start)
+        assert always.sidecar_drafter.report.submitted and always.sidecar_drafter.report.schedule["run"]
+    with pytest.raises(ValueError, match="schedule must be one of cost, always"):
+        SidecarDrafter(CpuSidecar(guesses), schedule="sometimes")
