@@ -215,20 +215,22 @@ def _start_sidecar(cfg: BenchConfig):
 
 
 def trained_item_filter(adapter: str | None):
-    """For --held-out-only: a predicate true of the items the adapter's training manifest says were used (trained
-    on or used to choose its settings), or whose gold call uses a tool they call, unless its split held the item
+    """For --held-out-only: a predicate true of the items whose request the adapter's training manifest says was
+    used (trained on or used to choose its settings; matched by content, whatever the item's id or file), or sits
+    inside a used request's dialogue, or whose gold call uses a tool they call, unless its split held the request
     out (`TrainingManifest.overlap`); None when there is no manifest (nothing to drop)."""
     from oospec.sidecar.provenance import training_manifest
 
     manifest = training_manifest(adapter)
     if manifest is None:
         return None
-    return lambda s: bool(manifest.overlap(s.id, {c.name for c in s.gold or []}))
+    return lambda s: bool(manifest.overlap(s.provenance_request()))
 
 
 def check_trained_items(datasets, adapter: str | None, allow: bool) -> list[dict]:
-    """The items the adapter's training manifest lists, or that call a tool it was trained on: refused unless
-    `allow`, then warned about loudly and returned (for run.json). Empty when the adapter has no manifest."""
+    """The items whose request the adapter's training manifest holds (by content: also an earlier part of a used
+    dialogue), or that call a tool it was trained on: refused unless `allow`, then warned about loudly and
+    returned (for run.json), each with the training item it matched. Empty when the adapter has no manifest."""
     from oospec.sidecar.provenance import training_manifest
 
     manifest = training_manifest(adapter)
@@ -237,7 +239,7 @@ def check_trained_items(datasets, adapter: str | None, allow: bool) -> list[dict
     trained = []
     for label, samples in datasets:
         for s in samples:
-            reasons = manifest.overlap(s.id, {c.name for c in s.gold or []})
+            reasons = manifest.overlap(s.provenance_request())
             if reasons:
                 trained.append({"dataset": label, "sample_id": s.id, "why": reasons})
     if not trained:
