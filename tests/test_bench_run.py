@@ -184,7 +184,7 @@ def test_provenance_reads_digest_and_manifest(tmp_path):
     assert weights_sha256(folder) == hashlib.sha256(WEIGHTS).hexdigest()
     assert weights_sha256(None) is None and training_manifest(tmp_path) is None
     manifest = training_manifest(folder)
-    assert manifest.overlap(request_by_id("x-1", set())) == ["item x-1 is a training item"]
+    assert manifest.overlap(request_by_id("x-1")) == ["item x-1 is a training item"]
     assert manifest.overlap(request_by_id("y", {"Calculator", "Other"})) == ["calls training tool Calculator"]
     assert manifest.overlap(request_by_id("y", {"Other"})) == []
 

@@ -6,16 +6,21 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from types import SimpleNamespace
 
 import pytest
 
 from oospec.bench import run as bench_run
 from oospec.bench.config import BenchConfig, BenchError, load_datasets
 from oospec.datasets import load_dataset
-from oospec.sidecar.provenance import (ADAPTERS_DIR, Request, content_section, request_hashes,
+from oospec.integrations.vllm.bench import trained_chats
+from oospec.server import replay
+from oospec.sidecar.process import SidecarSettings, resolve_adapter
+from oospec.sidecar.provenance import (ADAPTERS_DIR, Request, content_section, not_held_out, request_hashes,
                                        training_manifest)
 from oospec.tools.schema import to_openai
-from oospec.training.content import project_items, rehash_adapter, trace_request
+from oospec.training.content import project_items, rehash_adapter, split_content, trace_request
+from oospec.training.split import split_traces, write_trace_split
 from oospec.training.traces import read_traces
 
 DATA = ADAPTERS_DIR.parents[1] / "data"
@@ -136,3 +141,42 @@ def test_rehash_reproduces_the_shipped_content(tmp_path):
     shipped = json.loads((SHIPPED / "data_manifest.json").read_text())["content"]
     assert rehash_adapter(folder) == shipped
     assert json.loads((folder / "data_manifest.json").read_text())["content"] == shipped
+
+
+def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
+    """`oospec sidecar split` writes `content` into the manifest that `oospec sidecar train` copies to the adapter."""
+    traces = read_traces(SHIPPED / "traces.jsonl.gz")[:60]
+    split = split_traces(traces, seed=0, fractions=(0.6, 0.2, 0.2))
+    assert all(split.traces[p] for p in ("train", "validation", "test"))
+    paths = write_trace_split(split, tmp_path / "split", content=split_content(split, None))
+    folder = tmp_path / "adapter"
+    folder.mkdir()
+    shutil.copy(paths["manifest"], folder / "data_manifest.json")
+    manifest = training_manifest(folder)
+    used = split.traces["train"] + split.traces["validation"]
+    same = {}  # hash -> the used items with that request (the data holds a few requests twice)
+    for trace in used:
+        same.setdefault(request_hashes(trace["messages"], trace["tools"])[0], set()).add(trace["id"])
+    for trace in used:
+        (why,) = manifest.overlap(Request("other-id", trace["messages"], trace["tools"], frozenset()))
+        assert why.removeprefix("its request is training item ") in same[request_hashes(trace["messages"],
+                                                                                         trace["tools"])[0]]
+    assert all(manifest.overlap(trace_request(t)) == [] for t in split.traces["test"])
+
+
+def test_serve_and_vllm_benchmarks_name_the_trained_turns_they_run():
+    """`bench serve` and `bench vllm` run fixed items with the sidecar: they warn about, and list, those the shipped
+    adapter does not hold out (the default serve dialogue is all training items)."""
+    _, turns = replay.pick_dialogue(None)
+    adapter = resolve_adapter(SidecarSettings().model, "auto")
+    trained = not_held_out(adapter, [s.provenance_request() for s in turns])
+    assert [t["sample_id"] for t in trained] == [s.id for s in turns]
+    chats = trained_chats(SimpleNamespace(dataset=["apibank:1"], limit=4, offset=21))  # items 21-24
+    assert [t["sample_id"] for t in chats] == ["apibank-l1-21", "apibank-l1-22", "apibank-l1-23", "apibank-l1-24"]
+    assert "an earlier part of the dialogue of training item apibank-l1-25" in chats[2]["why"][0]
+    row = {"turn": 0, "prompt_tokens": 9, "latency_s": 1.0, "cached_tokens": 0,
+           "stats": {"prefill_s": 0.5, "decode_s": 0.5, "tau": 1.0, "drafter": None}}
+    report = {"dialogue": "d", "target": "t", "max_tokens": 8, "threads": 1, "configs": ["ar"],
+              "identical_to_first": {"ar": True}, "turns": {"ar": [row]}, "trained_turns": trained}
+    assert f"WARNING: {len(trained)} turn(s) the sidecar adapter used in training" in replay.markdown(report)
+    assert "WARNING" not in replay.markdown({**report, "trained_turns": []})

@@ -70,10 +70,10 @@ def cmd_rehash(args) -> None:
         raise OospecError(f"--adapter {args.adapter}: no adapter folder")
     content = rehash_adapter(folder, args.traces)
     inherited = content["inherited"] or {}
+    parent = (f", and {len(inherited['used'])} requests of adapter {inherited['adapter']} ({len(inherited['not_hashed'])} "
+              "of its items not in the project's data, not hashed)") if inherited else ""
     print(f"{folder}/data_manifest.json: content hashes of {len(content['used'])} used and "
-          f"{len(content['held_out'])} held-out requests"
-          + (f", and {len(inherited['used'])} requests of adapter {inherited['adapter']} "
-             f"({len(inherited['not_hashed'])} of its items not in the project's data, not hashed)" if inherited else ""))
+          f"{len(content['held_out'])} held-out requests{parent}")
 
 
 def cmd_train(args) -> None:

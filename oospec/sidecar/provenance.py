@@ -241,6 +241,22 @@ def training_manifest(adapter: str | Path | None, _seen: frozenset[str] = frozen
     return TrainingManifest(str(path), items, tools, held_out)
 
 
+def not_held_out(adapter: str | Path | None, requests: Iterable[Request]) -> list[dict]:
+    """{"sample_id", "why"} for each request the adapter's training manifest does not hold out (every command
+    that runs benchmark items with a sidecar checks them here); empty when the adapter has no manifest."""
+    manifest = training_manifest(adapter)
+    if manifest is None:
+        return []
+    found = ((r.id, manifest.overlap(r)) for r in requests)
+    return [{"sample_id": item, "why": why} for item, why in found if why]
+
+
+def describe(found: Sequence[dict], shown: int = 5) -> str:
+    """The first few of `not_held_out`'s answer, for a one-line message."""
+    listed = "; ".join(f"{t['sample_id']} ({', '.join(t['why'])})" for t in found[:shown])
+    return listed + (f" and {len(found) - shown} more" if len(found) > shown else "")
+
+
 def _init_manifest(adapter: str | Path, init: str | None, seen: frozenset[str]) -> TrainingManifest | None:
     """The manifest of the adapter this one started from: a folder path, or the name of a sibling folder or of
     a shipped adapter (how `oospec sidecar split --init-adapter` records one). One that cannot be found is an

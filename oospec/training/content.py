@@ -46,7 +46,8 @@ def inherited_content(init_adapter: str | Path | None, previous: Mapping | None 
             section, parent = doc["content"], doc["content"].get("inherited") or {}
             manifest = training_manifest(folder)
             return {"adapter": name, "items": sorted(manifest.items), "tools": sorted(manifest.tools),
-                    "used": {**(parent.get("used") or {}), **section["used"]}, "not_hashed": parent.get("not_hashed", [])}
+                    "used": {**(parent.get("used") or {}), **section["used"]},
+                    "not_hashed": parent.get("not_hashed", [])}
         manifest = training_manifest(folder)
         items, tools = manifest.items, manifest.tools
     elif previous and previous.get("adapter") == name:
