@@ -132,15 +132,23 @@ def test_the_shipped_manifest_covers_its_training_items():
     assert manifest.overlap(renamed) == [f"its request is training item {item}"]
 
 
-def test_rehash_reproduces_the_shipped_content(tmp_path):
-    """`oospec sidecar rehash` on a copy of the shipped manifest and traces writes the same hashes back."""
-    folder = tmp_path / "v3"
-    folder.mkdir()
+def test_rehash_reproduces_the_shipped_content(tmp_path, monkeypatch):
+    """`oospec sidecar rehash` on a copy of the shipped manifest and traces writes the same hashes back, also once
+    the adapter it started from is no longer shipped (the manifest then needs nothing from that adapter's folder)."""
+    folder = tmp_path / "adapters" / "v3"
+    folder.mkdir(parents=True)
     for name in ("data_manifest.json", "traces.jsonl.gz"):
         shutil.copy(SHIPPED / name, folder / name)
     shipped = json.loads((SHIPPED / "data_manifest.json").read_text())["content"]
     assert rehash_adapter(folder) == shipped
     assert json.loads((folder / "data_manifest.json").read_text())["content"] == shipped
+    import oospec.sidecar.provenance
+    import oospec.training.content
+
+    for module in (oospec.sidecar.provenance, oospec.training.content):  # no shipped adapter but this copy
+        monkeypatch.setattr(module, "ADAPTERS_DIR", tmp_path / "adapters")
+    assert training_manifest(folder).items == training_manifest(SHIPPED).items
+    assert rehash_adapter(folder) == shipped
 
 
 def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
