@@ -170,6 +170,17 @@ def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
         assert why.removeprefix("its request is training item ") in same[request_hashes(trace["messages"],
                                                                                          trace["tools"])[0]]
     assert all(manifest.overlap(trace_request(t)) == [] for t in split.traces["test"])
+    # Started from the shipped adapter: the new manifest carries what that one used (and its own inheritance).
+    content = split_content(split, SHIPPED)
+    assert content["inherited"]["adapter"] == SHIPPED.name
+    (folder / "data_manifest.json").write_text(json.dumps({**json.loads(paths["manifest"].read_text()),
+                                                           "content": content}))
+    by_id = {t["id"]: t for t in read_traces(SHIPPED / "traces.jsonl.gz")}
+    item = next(i for i in json.loads((SHIPPED / "data_manifest.json").read_text())["items"]["train"]
+                if i not in {t["id"] for t in traces})  # trained on by the shipped adapter only
+    renamed = Request("x", by_id[item]["messages"], by_id[item]["tools"], frozenset())
+    expected = f"its request is training item {item} of adapter {SHIPPED.name}"
+    assert training_manifest(folder).overlap(renamed) == [expected]
 
 
 def test_serve_and_vllm_benchmarks_name_the_trained_turns_they_run():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from oospec.datasets import Sample
 from oospec.errors import OospecError
-from oospec.sidecar.provenance import ADAPTERS_DIR, Request, content_section, used_hashes
+from oospec.sidecar.provenance import ADAPTERS_DIR, Request, content_section, training_manifest, used_hashes
 from oospec.training.split import PARTS, TraceSplit, teacher_calls
 from oospec.training.traces import read_traces
 
@@ -36,19 +36,18 @@ def inherited_content(init_adapter: str | Path | None, previous: Mapping | None 
     `inherited` part of a manifest being rehashed, read when that adapter's folder is no longer there."""
     if not init_adapter:
         return None
-    from oospec.sidecar.provenance import training_manifest
-
     name = Path(init_adapter).name
     folder = next((p for p in (Path(init_adapter), ADAPTERS_DIR / str(init_adapter)) if p.is_dir()), None)
     if folder is not None:
-        doc = json.loads((folder / "data_manifest.json").read_text())
-        if doc.get("content"):
-            section, parent = doc["content"], doc["content"].get("inherited") or {}
-            manifest = training_manifest(folder)
+        manifest = training_manifest(folder)
+        if manifest is None:
+            raise OospecError(f"{folder}: no data manifest, so what that adapter was trained on is unknown")
+        section = json.loads(Path(manifest.path).read_text()).get("content")
+        if section:
+            parent = section.get("inherited") or {}
             return {"adapter": name, "items": sorted(manifest.items), "tools": sorted(manifest.tools),
                     "used": {**(parent.get("used") or {}), **section["used"]},
                     "not_hashed": parent.get("not_hashed", [])}
-        manifest = training_manifest(folder)
         items, tools = manifest.items, manifest.tools
     elif previous and previous.get("adapter") == name:
         items, tools = previous["items"], previous["tools"]
