@@ -169,3 +169,10 @@ def render_template(template: str, messages, tools=None, add_generation_prompt=F
     rendered, _ = render_jinja_template([messages], tools=tools, chat_template=template,
                                         add_generation_prompt=add_generation_prompt)
     return rendered[0]
+
+
+def request_by_id(item_id: str, called=()):
+    """A request known only by its id and its gold tools: what a manifest without content hashes checks."""
+    from oospec.sidecar.provenance import Request
+
+    return Request(item_id, [], [], frozenset(called))

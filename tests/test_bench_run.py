@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import request_by_id
 
 from oospec.bench import run as bench_run
 from oospec.bench.config import BenchConfig, BenchError, load_datasets
@@ -183,9 +184,9 @@ def test_provenance_reads_digest_and_manifest(tmp_path):
     assert weights_sha256(folder) == hashlib.sha256(WEIGHTS).hexdigest()
     assert weights_sha256(None) is None and training_manifest(tmp_path) is None
     manifest = training_manifest(folder)
-    assert manifest.overlap("x-1", set()) == ["item x-1 is a training item"]
-    assert manifest.overlap("y", {"Calculator", "Other"}) == ["calls training tool Calculator"]
-    assert manifest.overlap("y", {"Other"}) == []
+    assert manifest.overlap(request_by_id("x-1")) == ["item x-1 is a training item"]
+    assert manifest.overlap(request_by_id("y", {"Calculator", "Other"})) == ["calls training tool Calculator"]
+    assert manifest.overlap(request_by_id("y", {"Other"})) == []
 
 
 def test_shipped_adapter_holds_out_the_default_benchmark_items():

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 
 import pytest
+from helpers import request_by_id
 
 from oospec.bench import run as bench_run
 from oospec.bench.config import BenchConfig
@@ -28,14 +29,15 @@ def test_v2_manifest_counts_train_and_validation_as_used_and_test_as_held_out(tm
     folder = _v2_adapter(tmp_path / "new", items={"train": ["a-1"], "validation": ["v-1"], "test": ["t-1"]},
                          tools={"train": ["Add"], "validation": ["Tune"], "test": ["Fresh"]})
     m = training_manifest(folder)
-    assert m.overlap("a-1", set()) == ["item a-1 is a training item"]
-    assert m.overlap("v-1", {"Fresh"}) == ["item v-1 is a training item"]  # validation chose settings: not fresh
-    assert m.overlap("x", {"Tune", "Other"}) == ["calls training tool Tune"]
-    assert m.overlap("x", {"Add"}) == ["calls training tool Add"]
-    assert m.overlap("x", {"Fresh", "Other"}) == []  # never traced, gold tools not used: fresh
-    assert m.overlap("d-1", {"Other"}) == []  # traced but dropped: never trained on
+    assert m.overlap(request_by_id("a-1")) == ["item a-1 is a training item"]
+    # validation chose settings: not fresh
+    assert m.overlap(request_by_id("v-1", {"Fresh"})) == ["item v-1 is a training item"]
+    assert m.overlap(request_by_id("x", {"Tune", "Other"})) == ["calls training tool Tune"]
+    assert m.overlap(request_by_id("x", {"Add"})) == ["calls training tool Add"]
+    assert m.overlap(request_by_id("x", {"Fresh", "Other"})) == []  # never traced, gold tools not used: fresh
+    assert m.overlap(request_by_id("d-1", {"Other"})) == []  # traced but dropped: never trained on
     # A test item is fresh even if its gold call names a used tool: the split placed it by the teacher's call.
-    assert m.overlap("t-1", {"Add"}) == []
+    assert m.overlap(request_by_id("t-1", {"Add"})) == []
 
 
 def test_v2_manifest_carries_what_the_adapter_it_started_from_used(tmp_path):
@@ -47,11 +49,12 @@ def test_v2_manifest_carries_what_the_adapter_it_started_from_used(tmp_path):
     new = _v2_adapter(tmp_path / "adapters" / "new", items, {"train": ["Add"], "validation": [], "test": []},
                       init_adapter="old")  # a sibling folder's name, as `oospec sidecar split --init-adapter` writes
     m = training_manifest(new)
-    assert m.overlap("o-1", set()) == ["item o-1 is a training item"]  # the old adapter trained on it
-    assert m.overlap("u-1", set()) and m.overlap("x", {"OldTool"}) == ["calls training tool OldTool"]
-    assert m.overlap("t-1", {"OldTool"}) == []
+    assert m.overlap(request_by_id("o-1")) == ["item o-1 is a training item"]  # the old adapter trained on it
+    assert m.overlap(request_by_id("u-1"))
+    assert m.overlap(request_by_id("x", {"OldTool"})) == ["calls training tool OldTool"]
+    assert m.overlap(request_by_id("t-1", {"OldTool"})) == []
     same = _v2_adapter(tmp_path / "self", items, {"train": [], "validation": [], "test": []}, init_adapter="self")
-    assert training_manifest(same).overlap("t-1", set()) == []  # replaced in place: no loop
+    assert training_manifest(same).overlap(request_by_id("t-1")) == []  # replaced in place: no loop
     # Trained elsewhere (a run folder) from a shipped adapter, named as the split records it: that adapter's data.
     shipped = "qwen2.5-coder-0.5b-toolcalls-v3"
     elsewhere = _v2_adapter(tmp_path / "runs" / "v4", items, {"train": [], "validation": [], "test": []},

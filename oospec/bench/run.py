@@ -231,37 +231,30 @@ def _start_sidecar(cfg: BenchConfig):
 
 
 def trained_item_filter(adapter: str | None):
-    """For --held-out-only: a predicate true of the items the adapter's training manifest says were used (trained
-    on or used to choose its settings), or whose gold call uses a tool they call, unless its split held the item
+    """For --held-out-only: a predicate true of the items whose request the adapter's training manifest says was
+    used (trained on or used to choose its settings; matched by content, whatever the item's id or file), or sits
+    inside a used request's dialogue, or whose gold call uses a tool they call, unless its split held the request
     out (`TrainingManifest.overlap`); None when there is no manifest (nothing to drop)."""
     from oospec.sidecar.provenance import training_manifest
 
     manifest = training_manifest(adapter)
     if manifest is None:
         return None
-    return lambda s: bool(manifest.overlap(s.id, {c.name for c in s.gold or []}))
+    return lambda s: bool(manifest.overlap(s.provenance_request()))
 
 
 def check_trained_items(datasets, adapter: str | None, allow: bool) -> list[dict]:
-    """The items the adapter's training manifest lists, or that call a tool it was trained on: refused unless
-    `allow`, then warned about loudly and returned (for run.json). Empty when the adapter has no manifest."""
-    from oospec.sidecar.provenance import training_manifest
+    """The items whose request the adapter's training manifest holds (by content: also an earlier part of a used
+    dialogue), or that call a tool it was trained on: refused unless `allow`, then warned about loudly and
+    returned (for run.json), each with the training item it matched. Empty when the adapter has no manifest."""
+    from oospec.sidecar.provenance import describe, not_held_out, training_manifest
 
-    manifest = training_manifest(adapter)
-    if manifest is None:
-        return []
-    trained = []
-    for label, samples in datasets:
-        for s in samples:
-            reasons = manifest.overlap(s.id, {c.name for c in s.gold or []})
-            if reasons:
-                trained.append({"dataset": label, "sample_id": s.id, "why": reasons})
+    trained = [{"dataset": label, **found} for label, samples in datasets
+               for found in not_held_out(adapter, [s.provenance_request() for s in samples])]
     if not trained:
         return []
-    listed = "; ".join(f"{t['sample_id']} ({', '.join(t['why'])})" for t in trained[:5])
-    more = f" and {len(trained) - 5} more" if len(trained) > 5 else ""
     message = (f"{len(trained)} benchmark item(s) are not held out from the sidecar adapter's training data "
-               f"({manifest.path}): {listed}{more}")
+               f"({training_manifest(adapter).path}): {describe(trained)}")
     if not allow:
         raise BenchError(message + ". Its agreement and speed on them measure recall, not prediction: choose "
                          "held-out items (e.g. --dataset apibank --split 1 --limit 8) or pass --allow-trained-items")

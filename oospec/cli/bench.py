@@ -131,7 +131,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--allow-trained-items", action="store_true",
-                   help="run items the sidecar adapter was trained on (listed in its manifest; refused otherwise)")
+                   help="run items the sidecar adapter was trained on (its manifest holds their request, by content, "
+                        "or an earlier turn of it, or their tool; refused otherwise)")
     add_runtime_options(p)
     add_sidecar_options(p)
     p.set_defaults(func=cmd_bench_run)

@@ -1,4 +1,4 @@
-"""`oospec sidecar traces | split | train | tune | eval`: the sidecar's training pipeline (oospec/training)."""
+"""`oospec sidecar traces | split | rehash | train | tune | eval`: the sidecar's training pipeline (oospec/training)."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def cmd_split(args) -> None:
     from oospec.sidecar.process import resolve_adapter
     from oospec.training.evaluate import source_of
     from oospec.training.pool import pool_sources
+    from oospec.training.content import split_content
     from oospec.training.split import (PARTS, adapter_trained_tools, benchmark_tools, split_traces,
                                        write_trace_split)
     from oospec.training.traces import read_traces
@@ -53,11 +54,26 @@ def cmd_split(args) -> None:
                          always_test_tools=benchmark_tools([(s.dataset, s.split, s.reserved) for s in pool_sources()]),
                          always_train_tools=adapter_trained_tools(init) if init else ())
     paths = write_trace_split(split, args.out, teacher=pool.get("teacher"), pool=pool,
-                              init_adapter=Path(init).name if init else None)
+                              init_adapter=Path(init).name if init else None, content=split_content(split, init))
     for part in PARTS:
         by = Counter(source_of(t) for t in split.traces[part])
         print(f"{part}: {len(split.traces[part])} traces, {len(split.tools[part])} tools  {dict(sorted(by.items()))}")
     print(f"dropped {len(split.dropped)}; files in {paths['manifest'].parent}")
+
+
+def cmd_rehash(args) -> None:
+    from oospec.sidecar.process import resolve_adapter
+    from oospec.training.content import rehash_adapter
+
+    folder = resolve_adapter(DEFAULT_SIDECAR, args.adapter)
+    if folder is None:
+        raise OospecError(f"--adapter {args.adapter}: no adapter folder")
+    content = rehash_adapter(folder, args.traces)
+    inherited = content["inherited"] or {}
+    parent = (f", and {len(inherited['used'])} requests of adapter {inherited['adapter']} ({len(inherited['not_hashed'])} "
+              "of its items not in the project's data, not hashed)") if inherited else ""
+    print(f"{folder}/data_manifest.json: content hashes of {len(content['used'])} used and "
+          f"{len(content['held_out'])} held-out requests{parent}")
 
 
 def cmd_train(args) -> None:
@@ -211,6 +227,12 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--init-adapter", default=None, metavar="DIR",
                    help="an adapter training will start from: its training tools are kept in train")
     p.set_defaults(func=cmd_split)
+    p = add_command(sc, "rehash", "rewrite the content hashes of an adapter's data manifest from its traces",
+                    "oospec sidecar rehash --adapter oospec/sidecar/adapters/qwen2.5-coder-0.5b-toolcalls-v3")
+    p.add_argument("--adapter", default="auto", help="an adapter folder, or a shipped adapter's name (default: auto)")
+    p.add_argument("--traces", default=None,
+                   help="the traces the adapter was split from (default: its traces.jsonl.gz)")
+    p.set_defaults(func=cmd_rehash)
     p = add_command(sc, "eval", "agreement and calibration on held-out traces: base vs adapters, per source",
                     "oospec sidecar eval --traces runs/sidecar-split/test.jsonl --adapter auto "
                     "--adapter runs/sidecar-adapter --out runs/sidecar-eval/test.json")

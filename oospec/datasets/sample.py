@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oospec.errors import OospecError
+from oospec.sidecar.provenance import Request
 from oospec.tools.dialects import ToolCall, get_dialect
 from oospec.tools.schema import Tool, to_openai
 
@@ -59,6 +60,11 @@ class Sample:
 
     def parse(self, text: str) -> list[ToolCall]:
         return get_dialect(self.dialect).parse(text)
+
+    def provenance_request(self) -> Request:
+        """What a sidecar adapter's training manifest is checked against: this item's request (by content) and
+        the tools its gold calls."""
+        return Request(self.id, self.messages, self.tools, frozenset(c.name for c in self.gold or []))
 
 
 class Samples(list[Sample]):

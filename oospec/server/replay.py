@@ -166,10 +166,18 @@ def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: 
     engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
     print(f"dialogue {name}: {len(samples)} turns; target {target}; configs: "
           f"{', '.join(c.label for c in configs)}", file=sys.stderr)
-    client = None
+    client, trained = None, []
     if any(c.method in SIDECAR_DRAFTERS for c in configs):
-        from oospec.sidecar.process import make_sidecar
+        from oospec.sidecar.process import make_sidecar, resolve_adapter
+        from oospec.sidecar.provenance import describe, not_held_out
 
+        # Warned about, not refused: the sidecar's hints on these turns are recall, so its speed-up there is
+        # not what a fresh dialogue gets.
+        adapter = resolve_adapter(sidecar.model, sidecar.adapter)
+        trained = not_held_out(adapter, [s.provenance_request() for s in samples])
+        if trained:
+            print(f"WARNING: {len(trained)} of the {len(samples)} turns are not held out from the sidecar adapter's "
+                  f"training data: {describe(trained)}", file=sys.stderr)
         client = make_sidecar(sidecar)
     results: dict[str, list[TurnResult]] = {}
     try:
@@ -198,6 +206,7 @@ def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: 
         "max_tokens": max_tokens,
         "configs": [c.label for c in configs],
         "identical_to_first": identical,
+        "trained_turns": trained,  # turns the sidecar adapter's manifest does not hold out (provenance.not_held_out)
         "turns": {label: [vars(r) for r in rs] for label, rs in results.items()},
     }
 
@@ -212,6 +221,8 @@ def markdown(report: dict) -> str:
         + (f", sidecar `{report['sidecar']}` on {report['sidecar_threads']} thread(s)" if report.get("sidecar") else "")
         + ". Latency per turn in seconds, client side (request sent to full response received).",
         "",
+        *([f"**WARNING: {len(report['trained_turns'])} turn(s) the sidecar adapter used in training (see serve.json "
+           "`trained_turns`): its hints there are recall**", ""] if report.get("trained_turns") else []),
         "| turn | prompt tokens | " + " | ".join(labels) + " | cached tokens (reuse) |",
         "|---:|---:|" + "---:|" * len(labels) + "---:|",
     ]

@@ -136,12 +136,12 @@ def not_held_out(adapter: str | None, traces: Sequence[dict]) -> list[str]:
     """The traces an adapter's training manifest says it used, or whose teacher called a tool it used: its
     agreement on them measures recall, not prediction (empty: no adapter, or no manifest to tell)."""
     from oospec.sidecar.provenance import training_manifest
-    from oospec.training.split import teacher_calls
+    from oospec.training.content import trace_request
 
     manifest = training_manifest(adapter)
     if manifest is None:
         return []
-    return [t["id"] for t in traces if manifest.overlap(t["id"], {c["name"] for c in teacher_calls(t)})]
+    return [t["id"] for t in traces if manifest.overlap(trace_request(t))]
 
 
 # -- markdown ------------------------------------------------------------------------------------------------

@@ -113,12 +113,30 @@ def parse_settings(text: str) -> list[str]:
     return ["none"] + [s for s in dict.fromkeys(settings) if s != "none"]
 
 
+def trained_chats(args) -> list[dict]:
+    """The chats the sidecar's adapter (the shipped one, as the oospec-sidecar setting starts it) does not hold out
+    from its training data, by content: warned about and listed in trained_items.json (its hints there are recall)."""
+    from oospec.integrations.vllm.run import load_chats
+    from oospec.sidecar.process import SidecarSettings, resolve_adapter
+    from oospec.sidecar.provenance import describe, not_held_out
+
+    sidecar = SidecarSettings()
+    chats = load_chats(args.dataset, args.limit, args.offset)
+    adapter = resolve_adapter(sidecar.model, sidecar.adapter)
+    trained = not_held_out(adapter, [s.provenance_request() for s, _ in chats])
+    if trained:
+        print(f"WARNING: {len(trained)} of the {len(chats)} chats are not held out from the sidecar adapter's training "
+              f"data: {describe(trained)}", file=sys.stderr)
+    return trained
+
+
 def cmd_bench_vllm(args) -> None:
     settings = parse_settings(args.settings)
     concurrent = parse_settings(args.concurrent_settings) if args.concurrent_settings else settings
     args.dataset = args.dataset or ["apibank:1"]
     out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-vllm")
     out.mkdir(parents=True, exist_ok=True)
+    trained = trained_chats(args) if "oospec-sidecar" in settings + concurrent else []  # before any run starts
     runs = {}
     for conc in sorted({1, args.concurrency}):
         reference = None
@@ -128,6 +146,8 @@ def cmd_bench_vllm(args) -> None:
                 reference = path
             runs[(setting, conc)] = json.loads(path.read_text())
     summary = summarize(runs)
+    if trained:
+        (out / "trained_items.json").write_text(json.dumps(trained, indent=1))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     plot(summary, out / "summary.png")
     print(json.dumps(summary, indent=1))
