@@ -102,6 +102,7 @@ DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"  # also the draft assistant of hf-assiste
 TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs (`oospec bench serve`)
 DEFAULT_METHOD = "oospec"  # toolspec's drafts plus the sidecar's hints (the shipped sidecar and its adapter)
 DEFAULT_BUDGET = 16  # most draft tokens verified per target forward
+DEFAULT_MAX_NEW_TOKENS = 128  # the reply's length limit in every command (a tool call fits)
 
 
 def unknown_model_message(name: str, folder_ok: bool = True) -> str:

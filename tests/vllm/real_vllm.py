@@ -50,7 +50,7 @@ def outputs(tmp_path_factory):
     for spec, setting in SETTINGS.items():
         path = tmp_path_factory.mktemp("vllm") / f"{spec}.json"
         cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", *setting, "--model", str(MODEL),
-               "--limit", str(PER_DATASET), "--max-tokens", "96", "--enforce-eager", "--out", str(path)]
+               "--limit", str(PER_DATASET), "--max-new-tokens", "96", "--enforce-eager", "--out", str(path)]
         for name in DATASETS:
             cmd += ["--dataset", name]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)

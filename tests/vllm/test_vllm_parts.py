@@ -199,7 +199,7 @@ def test_bench_vllm_resume_reuses_only_a_run_made_the_same_way(monkeypatch, tmp_
 
     calls = []
     monkeypatch.setattr(bench.subprocess, "run", lambda cmd, check: calls.append(cmd))
-    args = SimpleNamespace(model="m", dataset=["apibank:1"], limit=20, offset=8, dtype="float32", k=8, max_tokens=128,
+    args = SimpleNamespace(model="m", dataset=["apibank:1"], limit=20, offset=8, dtype="float32", k=8, max_new_tokens=128,
                            enforce_eager=True, resume=True, concurrency=8)
     same = {**run_identity(SimpleNamespace(**{**vars(args), "setting": "none", "concurrency": 1})), "items": {}}
     (tmp_path / "none@1.json").write_text(json.dumps(same))

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from oospec.integrations.vllm.context import EXTRA_ARGS_KEY
+from oospec.models.registry import DEFAULT_MAX_NEW_TOKENS
 
 PROPOSERS = "oospec.integrations.vllm"
 SETTINGS = {  # name -> (speculative method, custom class, extra environment of vLLM's worker)
@@ -66,7 +67,7 @@ def run_identity(args) -> dict:
     custom = {"proposer": args.proposer} if getattr(args, "proposer", None) else {}  # old run files lack the key
     return {"setting": args.setting, **custom, "model": str(args.model), "dtype": args.dtype, "k": args.k,
             "concurrency": args.concurrency, "datasets": list(args.dataset or ["apibank:1"]), "limit": args.limit,
-            "offset": args.offset, "max_tokens": args.max_tokens, "enforce_eager": bool(args.enforce_eager)}
+            "offset": args.offset, "max_tokens": args.max_new_tokens, "enforce_eager": bool(args.enforce_eager)}
 
 
 def main(argv=None) -> None:
@@ -80,7 +81,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--enforce-eager", action="store_true",
                     help="no torch.compile (minutes less start-up; checks of equivalence, not of speed)")
@@ -110,7 +111,7 @@ def main(argv=None) -> None:
     for sample, context in chats:
         prompts.append(TokensPrompt(prompt_token_ids=tok.encode(sample.prompt_text(tok), add_special_tokens=False)))
         extra = {EXTRA_ARGS_KEY: context} if context is not None else None
-        params.append(SamplingParams(temperature=0.0, max_tokens=args.max_tokens, extra_args=extra))
+        params.append(SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, extra_args=extra))
         ids.append(sample.id)
         datasets.append(sample.dataset)
     llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
