@@ -7,7 +7,12 @@
 `oospec.load` (oospec.pipeline) starts the target, its drafter and the sidecar; `oospec.Engine` is the engine alone.
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("oospec")  # written once, in pyproject.toml; read from the installed package
+except PackageNotFoundError:  # a source tree that was never installed: no version to report
+    __version__ = "0+unknown"
 
 
 def __getattr__(name):  # keep `import oospec` light: torch loads only when the engine is used

@@ -132,3 +132,49 @@ def test_every_command_asks_for_the_same_default_sidecar():
                 ["serve", "--sidecar", SidecarSettings().model]]
     for argv in commands:
         assert sidecar_settings(parser.parse_args(argv)) == SidecarSettings(), argv
+
+
+def _commands(parser, path=()):
+    """(command words, parser) for every command that runs: the leaves of the subcommand tree."""
+    import argparse
+
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path, parser
+    for action in subs:
+        for name, child in action.choices.items():
+            yield from _commands(child, path + (name,))
+
+
+def test_version_is_the_installed_packages(capsys):
+    from importlib.metadata import version
+
+    import oospec
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out.strip() == f"oospec {version('oospec')}" == f"oospec {oospec.__version__}"
+
+
+def test_every_command_that_limits_the_reply_length_names_it_alike():
+    """One option, --max-new-tokens, with one default; only the server's is a fallback for requests that set no
+    max_tokens. Earlier spellings still parse, hidden."""
+    import argparse
+
+    from oospec.cli import build_parser
+    from oospec.models.registry import DEFAULT_MAX_NEW_TOKENS
+
+    limits = {}
+    for words, parser in _commands(build_parser()):
+        shown = [(s, a.default) for a in parser._actions if a.help != argparse.SUPPRESS
+                 for s in a.option_strings if "token" in s and "max" in s]
+        if shown:
+            limits[" ".join(words)] = shown
+    assert {"generate", "demo", "bench run", "bench serve", "bench vllm", "sidecar traces", "serve"} <= set(limits)
+    server = limits.pop("serve")
+    assert server == [("--max-new-tokens", 1024)]
+    assert all(shown == [("--max-new-tokens", DEFAULT_MAX_NEW_TOKENS)] for shown in limits.values()), limits
+    parser = build_parser()
+    assert parser.parse_args(["serve", "--default-max-tokens", "7"]).max_new_tokens == 7
+    assert parser.parse_args(["bench", "serve", "--max-tokens", "9"]).max_new_tokens == 9

@@ -4,6 +4,9 @@ TYPE_CHECKING, is read with `ast` and checked against the layering (lowest first
     errors -> tools, models -> engine -> sidecar -> drafters -> datasets, pipeline
     -> {bench, server, training, integrations} -> demo, cli
 
+Outside the package and its tests (experiments/, examples/, any other script in the repository), code uses
+oospec only through its public API, PUBLIC_API below: an internal that moves would break such a script silently.
+
 A module may import its own package and anything in a lower layer; bench, server, training and integrations
 (oospec inside other engines) never import each other; `oospec/__init__.py` (the public API) may import the
 pipeline (oospec.load) and below. On top of the layers, no
@@ -11,6 +14,8 @@ two modules may import each other through any chain (a cycle), and neither may t
 """
 
 import ast
+import importlib
+import os
 from pathlib import Path
 
 
@@ -30,6 +35,19 @@ LAYER = {name: rank for rank, names in enumerate(LAYERS) for name in names}
 APPLICATIONS = {"bench", "server", "training", "integrations"}
 ROOT = "oospec"  # oospec/__init__.py
 LAYER[ROOT] = LAYER["pipeline"]  # the public API re-exports the engine and oospec.load
+
+REPOSITORY = PACKAGE.parent
+# What code outside the package may import: the top level (`oospec.load`, `oospec.Pipeline`, `oospec.Engine`,
+# `oospec.__version__`) and the packages whose __init__ is a facade for users; never a module inside them.
+# Each entry names what is promised from it (the module's own __all__ for the rest of its facade).
+PUBLIC_API = {
+    "oospec": ("load", "Pipeline", "Engine", "__version__"),
+    "oospec.drafters": ("make_drafter", "DRAFTERS"),  # the drafters by method name
+    "oospec.datasets": ("load_dataset", "Sample", "call_accuracy"),  # the benchmarks as chat samples
+    "oospec.sidecar": ("SidecarClient", "Job", "Guess", "parse_payload"),  # the client and its protocol
+}
+INSIDE = {"oospec", "tests"}  # top-level folders that may import any module of the package
+NOT_SOURCE = {"build", "dist", "runs", "node_modules", "__pycache__"}  # outputs and environments, not the project's
 
 
 def module_files() -> dict[str, Path]:
@@ -136,6 +154,52 @@ def layering_violations() -> list[str]:
     for component in cycles(package_edges):
         problems.append("package cycle: " + " <-> ".join(component))
     return problems
+
+
+def scripts_outside_the_package() -> list[Path]:
+    """Every .py file of the repository outside oospec/ and tests/ (hidden folders such as virtual environments
+    and build outputs skipped)."""
+    found = []
+    for folder, subfolders, files in os.walk(REPOSITORY):
+        here = Path(folder)
+        subfolders[:] = sorted(d for d in subfolders if not d.startswith(".") and d not in NOT_SOURCE
+                               and not (here == REPOSITORY and d in INSIDE))
+        found.extend(here / f for f in sorted(files) if f.endswith(".py"))
+    return found
+
+
+def private_imports(path: Path, modules: dict[str, Path]) -> list[str]:
+    """`file:line imports module` for each oospec module the file imports that is not in PUBLIC_API."""
+    where = path.relative_to(REPOSITORY) if path.is_relative_to(REPOSITORY) else path
+    return [f"{where}:{line} imports {target}, not oospec's public API ({', '.join(PUBLIC_API)})"
+            for line, target in imported_modules(path.stem, path, modules) if target not in PUBLIC_API]
+
+
+def test_the_public_api_is_what_the_package_has():
+    assert set(PUBLIC_API) <= set(module_files())
+    for module, names in PUBLIC_API.items():
+        facade = importlib.import_module(module)
+        assert [n for n in names if not hasattr(facade, n)] == [], module
+
+
+def test_a_script_outside_the_package_may_import_only_the_public_api(tmp_path):
+    modules = module_files()
+    script = tmp_path / "study.py"
+    script.write_text("import oospec\nfrom oospec import Engine\nfrom oospec.drafters import make_drafter\n"
+                      "from oospec.engine.tree import TokenTree\n"
+                      "def f():\n    import oospec.sidecar.predictor as p\n    from oospec.datasets import loader\n")
+    problems = private_imports(script, modules)
+    assert [p.split(" imports ")[1].split(",")[0] for p in problems] == [
+        "oospec.engine.tree", "oospec.sidecar.predictor", "oospec.datasets.loader"]
+    scripts = scripts_outside_the_package()
+    assert REPOSITORY / "examples" / "quickstart.py" in scripts
+    assert not any(p.is_relative_to(PACKAGE) or p.is_relative_to(REPOSITORY / "tests") for p in scripts)
+
+
+def test_experiments_and_examples_use_only_the_public_api():
+    modules = module_files()
+    problems = [p for path in scripts_outside_the_package() for p in private_imports(path, modules)]
+    assert not problems, f"{len(problems)} import(s) of oospec internals outside the package:\n" + "\n".join(problems)
 
 
 def test_the_reader_sees_imports_inside_functions_and_relative_ones(tmp_path):

@@ -242,7 +242,7 @@ def test_ci_server_block_against_a_real_server(smollm2_path, tmp_path):
     from test_server import KEY, Server
 
     (block,) = _blocks(("python",), mark="server")
-    server = Server(tmp_path, "--default-max-tokens", "32")
+    server = Server(tmp_path, "--max-new-tokens", "32")
     try:
         code = _substituted(block.code, {"http://127.0.0.1:8000/v1": server.url + "/v1", 'api_key="KEY"':
                                          f'api_key="{KEY}"', 'model="qwen2.5-coder-1.5b"': f'model="{SMOLLM2}"'})

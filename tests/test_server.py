@@ -109,7 +109,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(smollm2_path, tmp_path_factory):  # the model is pulled here, not by the server while the test waits
-    srv = Server(tmp_path_factory.mktemp("server"), "--max-queue", "2", "--default-max-tokens", "48",
+    srv = Server(tmp_path_factory.mktemp("server"), "--max-queue", "2", "--max-new-tokens", "48",
                  "--shutdown-grace", "5")
     yield srv
     assert srv.stop() == 0, srv.output()

@@ -25,7 +25,7 @@ RELIABILITY: dict = {}  # measured figures, printed at the end of the module (ru
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("hostile"), "--max-queue", "4", "--default-max-tokens", "4",
+    srv = Server(tmp_path_factory.mktemp("hostile"), "--max-queue", "4", "--max-new-tokens", "4",
                  "--max-body-mb", "24", "--header-timeout", "2", "--body-timeout", "2",
                  "--log-level", "info")
     yield srv

@@ -109,8 +109,22 @@ def test_shipped_gzipped_traces_read_as_plain_ones(tmp_path):
 def test_a_shipped_adapter_is_found_by_its_name(tmp_path):
     from oospec.sidecar.process import ADAPTERS_DIR, resolve_adapter
 
-    assert resolve_adapter("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-toolcalls-v2") == str(
-        ADAPTERS_DIR / "qwen2.5-coder-0.5b-toolcalls-v2")
+    assert resolve_adapter("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b-toolcalls-v3") == str(
+        ADAPTERS_DIR / "qwen2.5-coder-0.5b-toolcalls-v3")
     assert resolve_adapter("qwen2.5-coder-0.5b", "none") is None
     assert resolve_adapter("qwen2.5-coder-0.5b", str(tmp_path)) == str(tmp_path)  # a folder stays itself
     assert resolve_adapter("qwen2.5-coder-0.5b", "no-such-adapter") == "no-such-adapter"  # refused by the caller
+
+
+def test_the_package_ships_only_the_default_adapter_and_its_training_record_resolves():
+    """One adapter with weights (the default); the one v3 started from keeps only its manifest, which v3's own
+    manifest needs: without it, checking that benchmark items are held out would fail."""
+    from oospec.sidecar.process import ADAPTERS_DIR, SHIPPED_ADAPTERS
+    from oospec.sidecar.provenance import training_manifest
+
+    with_weights = sorted(p.parent.name for p in ADAPTERS_DIR.glob("*/adapter_model.safetensors"))
+    assert with_weights == sorted(SHIPPED_ADAPTERS.values())
+    (default,) = with_weights
+    first = training_manifest(ADAPTERS_DIR / "qwen2.5-coder-0.5b-toolcalls")
+    manifest = training_manifest(ADAPTERS_DIR / default)
+    assert first.items and first.items <= manifest.items  # what the first adapter trained on counts as used

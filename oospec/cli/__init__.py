@@ -7,6 +7,7 @@ import os
 import sys
 import warnings
 
+from oospec import __version__
 from oospec.cli.bench import add_bench_parser
 from oospec.cli.generate import add_demo_parser, add_generate_parser
 from oospec.cli.models import add_models_parser
@@ -25,6 +26,7 @@ FIRST_STEPS = """first steps:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="oospec", description="Lossless speculative decoding for tool calls.",
                                      formatter_class=HelpFormatter, epilog=FIRST_STEPS)
+    parser.add_argument("--version", action="version", version=f"oospec {__version__}")
     add_verbose_option(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_models_parser(sub)

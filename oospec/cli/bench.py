@@ -7,8 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from oospec.cli.options import (add_budget_option, add_command, add_runtime_options, add_sampling_options,
-                                add_sidecar_options, positive_int, set_threads, sidecar_settings)
+from oospec.cli.options import (add_budget_option, add_command, add_max_new_tokens_option, add_runtime_options,
+                                add_sampling_options, add_sidecar_options, positive_int, set_threads, sidecar_settings)
 from oospec.integrations.vllm.bench import add_vllm_bench_parser
 from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_SIDECAR, TINY_TARGET
 
@@ -75,7 +75,7 @@ def cmd_bench_serve(args) -> None:
     from oospec.server import replay
 
     report = replay.run(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], sidecar_settings(args),
-                        dialogue=args.dialogue, turns=args.turns, max_tokens=args.max_tokens,
+                        dialogue=args.dialogue, turns=args.turns, max_tokens=args.max_new_tokens,
                         prefix_cache_mb=args.prefix_cache_mb, threads=args.threads, dtype=args.dtype,
                         device=args.device, optimize=not args.no_optimize)
     out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
@@ -123,7 +123,7 @@ def add_bench_parser(sub) -> None:
                         "(API-Bank level 1)")
     p.add_argument("--no-secondary-baseline", action="store_true",
                    help="skip ar at the target's share of the cores beside sidecar methods (the secondary column)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    add_max_new_tokens_option(p)
     add_budget_option(p)
     add_sampling_options(p, "0: greedy; > 0: every method samples, `ar` plainly, the others speculatively, with "
                             "the same seed per item", 0, "the run's seed (items get their own from it)")
@@ -143,11 +143,17 @@ def add_bench_parser(sub) -> None:
                    help="comma list of drafters; each runs with prefix reuse off and on")
     p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
     p.add_argument("--turns", type=positive_int, default=None, help="replay only the first N turns (default: all)")
+<<<<<<< HEAD
     p.add_argument("--max-tokens", type=positive_int, default=128)
     p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB)
+=======
+    add_max_new_tokens_option(p, old_spelling="--max-tokens")
+    p.add_argument("--prefix-cache-mb", type=float, default=512.0)
+>>>>>>> layout
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
     add_runtime_options(p, model_default=TINY_TARGET)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told
     p.set_defaults(func=cmd_bench_serve)
 
-    add_vllm_bench_parser(bench)  # oospec's proposer inside vLLM: oospec/integrations/vllm/bench.py
+    p = add_vllm_bench_parser(bench)  # oospec's proposer inside vLLM: oospec/integrations/vllm/bench.py
+    add_max_new_tokens_option(p, old_spelling="--max-tokens")

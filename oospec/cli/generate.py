@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 import sys
 
-from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
-                                add_sampling_options,
-                                add_sidecar_options, load_json, load_tools, method_sidecar, positive_int)
+from oospec.cli.options import (add_budget_option, add_command, add_max_new_tokens_option, add_method_option,
+                                add_runtime_options, add_sampling_options, add_sidecar_options, load_json, load_tools,
+                                method_sidecar)
 from oospec.errors import OospecError
 
 GENERATE_EXAMPLE = """oospec generate --messages examples/messages.json --tools examples/tools.json
@@ -83,7 +83,7 @@ def add_generate_parser(sub) -> None:
     p.add_argument("--messages", required=True, help="JSON file: a list of chat messages")
     p.add_argument("--tools", help="JSON file: a list of OpenAI-style tools (or {\"tools\": [...]})")
     add_method_option(p)
-    p.add_argument("--max-new-tokens", type=positive_int, default=256)
+    add_max_new_tokens_option(p)
     add_budget_option(p)
     add_sampling_options(p, "0: greedy, token-identical to plain greedy; > 0: sample, the drafts verified by "
                             "speculative sampling (the distribution of plain sampling)",
@@ -100,7 +100,7 @@ def add_demo_parser(sub) -> None:
     add_method_option(p)
     p.add_argument("--sample", type=int, default=0, help="index of the API-Bank level-1 item")
     p.add_argument("--warmup", type=int, default=2, help="earlier calls of the session the drafter has seen")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    add_max_new_tokens_option(p)
     add_budget_option(p)
     add_runtime_options(p)
     add_sidecar_options(p)

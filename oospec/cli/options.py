@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from oospec.errors import OospecError, did_you_mean
-from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_SIDECAR, DEFAULT_TARGET, KNOWN_MODELS
+from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS, DEFAULT_METHOD, DEFAULT_SIDECAR, DEFAULT_TARGET,
+                                     KNOWN_MODELS)
 
 DTYPES = ["auto", "float32", "bfloat16", "float16"]
 
@@ -95,6 +96,16 @@ def add_method_option(p: argparse.ArgumentParser) -> None:
 
 def add_budget_option(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="most draft tokens verified per forward")
+
+
+def add_max_new_tokens_option(p: argparse.ArgumentParser, default: int = DEFAULT_MAX_NEW_TOKENS,
+                              help: str = "most tokens of the reply", old_spelling: str | None = None) -> None:
+    """The reply's length limit, one name in every command (args.max_new_tokens); `old_spelling`, an earlier
+    name of the option, still parses but is not shown."""
+    p.add_argument("--max-new-tokens", type=positive_int, default=default, help=help)
+    if old_spelling:
+        p.add_argument(old_spelling, dest="max_new_tokens", type=positive_int, default=argparse.SUPPRESS,
+                       help=argparse.SUPPRESS)
 
 
 def add_runtime_options(p: argparse.ArgumentParser, model_default: str = DEFAULT_TARGET) -> None:

@@ -7,9 +7,14 @@ import logging
 import os
 import sys
 
+<<<<<<< HEAD
 from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
                                 add_sidecar_options, method_sidecar, positive_int)
 from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
+=======
+from oospec.cli.options import (add_budget_option, add_command, add_max_new_tokens_option, add_method_option,
+                                add_runtime_options, add_sidecar_options, method_sidecar)
+>>>>>>> layout
 
 API_KEY_ENV = "OOSPEC_API_KEY"
 
@@ -38,7 +43,9 @@ def add_serve_parser(sub) -> None:
     p.add_argument("--served-model-name", help="model id reported to clients (default: --model)")
     p.add_argument("--max-queue", type=int, default=8, help="requests waiting behind the running one; more get 429")
     p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queueing included")
-    p.add_argument("--default-max-tokens", type=positive_int, default=1024, help="when a request sets none")
+    # A server has its own default: a client that sets no max_tokens expects the whole reply, not a tool call.
+    add_max_new_tokens_option(p, default=1024, old_spelling="--default-max-tokens",
+                              help="most tokens of a reply whose request sets no max_tokens (capped by the context)")
     p.add_argument("--default-temperature", type=float, default=0.0,
                    help="when a request sets none (OpenAI's default is 1; 0 is greedy, lossless and fastest)")
     p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB, help="KV memory for prefix reuse; 0 turns it off")
@@ -83,7 +90,7 @@ def build_service(args):
         method=args.method,
         max_queue=args.max_queue,
         request_timeout_s=args.request_timeout,
-        default_max_tokens=args.default_max_tokens,
+        default_max_tokens=args.max_new_tokens,
         default_temperature=args.default_temperature,
         prefix_cache_mb=args.prefix_cache_mb,
         budget=args.budget,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oospec.cli.options import add_command, add_threads_option, positive_int, set_threads
+from oospec.cli.options import add_command, add_max_new_tokens_option, add_threads_option, positive_int, set_threads
 from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 from oospec.sidecar.selfdraft import SLOT_ORDERS
@@ -194,7 +194,7 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--scale", type=float, default=1.0, help="times the pool's drawn items per source")
     p.add_argument("--rounds", type=positive_int, default=2,
                    help="parts traced one after another, each with its share of every source")
-    p.add_argument("--max-new-tokens", type=int, default=160)
+    add_max_new_tokens_option(p, help="most tokens of each teacher reply")
     add_threads_option(p)
     p.set_defaults(func=cmd_traces)
     p = add_command(sc, "train", "LoRA on the sidecar's task rows",

@@ -103,6 +103,7 @@ TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs (`oosp
 DEFAULT_METHOD = "oospec"  # toolspec's drafts plus the sidecar's hints (the shipped sidecar and its adapter)
 DEFAULT_BUDGET = 16  # most draft tokens verified per target forward
 DEFAULT_PREFIX_CACHE_MB = 512.0  # KV memory kept for prefix reuse across requests (server, session benchmarks)
+DEFAULT_MAX_NEW_TOKENS = 128  # the reply's length limit in every command (a tool call fits)
 
 
 def unknown_model_message(name: str, folder_ok: bool = True) -> str:

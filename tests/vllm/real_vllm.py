@@ -31,18 +31,26 @@ except ImportError:
 MODEL = Path.home() / ".cache/oospec/models/qwen2.5-coder-0.5b"
 PER_DATASET = 11
 DATASETS = ("apibank:1", "bfcl:simple_python")
+SETTINGS = {  # name -> run.py's arguments for it
+    "none": ["--setting", "none"],
+    "oospec": ["--setting", "oospec"],
+    "adversarial": ["--setting", "custom", "--proposer", "random_proposer.RandomProposer"],
+}
 
 
 @pytest.fixture(scope="module")
 def outputs(tmp_path_factory):
     if not MODEL.is_dir():
         pytest.fail(f"{MODEL} is missing: `oospec models pull qwen2.5-coder-0.5b` first", pytrace=False)
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    # The hostile proposer lives with the tests: vLLM's worker imports it by name from this folder.
+    path_with_tests = os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"),
+               PYTHONPATH=path_with_tests)
     out = {}
-    for spec in ("none", "oospec", "adversarial"):
+    for spec, setting in SETTINGS.items():
         path = tmp_path_factory.mktemp("vllm") / f"{spec}.json"
-        cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", "--setting", spec, "--model", str(MODEL),
-               "--limit", str(PER_DATASET), "--max-tokens", "96", "--enforce-eager", "--out", str(path)]
+        cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", *setting, "--model", str(MODEL),
+               "--limit", str(PER_DATASET), "--max-new-tokens", "96", "--enforce-eager", "--out", str(path)]
         for name in DATASETS:
             cmd += ["--dataset", name]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)

@@ -199,7 +199,7 @@ def test_bench_vllm_resume_reuses_only_a_run_made_the_same_way(monkeypatch, tmp_
 
     calls = []
     monkeypatch.setattr(bench.subprocess, "run", lambda cmd, check: calls.append(cmd))
-    args = SimpleNamespace(model="m", dataset=["apibank:1"], limit=20, offset=8, dtype="float32", k=8, max_tokens=128,
+    args = SimpleNamespace(model="m", dataset=["apibank:1"], limit=20, offset=8, dtype="float32", k=8, max_new_tokens=128,
                            enforce_eager=True, resume=True, concurrency=8)
     same = {**run_identity(SimpleNamespace(**{**vars(args), "setting": "none", "concurrency": 1})), "items": {}}
     (tmp_path / "none@1.json").write_text(json.dumps(same))
@@ -211,3 +211,20 @@ def test_bench_vllm_resume_reuses_only_a_run_made_the_same_way(monkeypatch, tmp_
     (tmp_path / "none@1.json").write_text(json.dumps(same))
     bench.run_setting("none", 1, args, tmp_path, None)
     assert len(calls) == 2
+
+
+def test_a_custom_proposer_is_named_by_module_path_and_stays_out_of_the_bench(tmp_path, capsys):
+    """The real-vLLM tests run their hostile proposer (random_proposer.py, beside this file) through run.py."""
+    from oospec.integrations.vllm import bench, run
+
+    spec = run.speculative_config(run.CUSTOM, 8, "random_proposer.RandomProposer")
+    assert spec == {"method": "custom_class", "model": "random_proposer.RandomProposer", "num_speculative_tokens": 8}
+    from random_proposer import RandomProposer  # what vLLM's worker imports by that name
+
+    assert RandomProposer.__module__ == "random_proposer"
+    for argv in (["--setting", "custom"], ["--setting", "none", "--proposer", "random_proposer.RandomProposer"]):
+        with pytest.raises(SystemExit):
+            run.main([*argv, "--model", "m", "--out", str(tmp_path / "x.json")])
+        assert "--proposer goes with --setting custom" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="unknown setting"):
+        bench.parse_settings("none,custom")

@@ -35,7 +35,7 @@ def run_setting(setting: str, concurrency: int, args, out: Path, reference: Path
         print(f"[bench vllm] {setting} x{concurrency}: {path} was run otherwise; running again", file=sys.stderr)
     cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", "--setting", setting, "--model", args.model,
            "--limit", str(args.limit), "--offset", str(args.offset), "--dtype", args.dtype, "--k", str(args.k),
-           "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens), "--out", str(path)]
+           "--concurrency", str(concurrency), "--max-new-tokens", str(args.max_new_tokens), "--out", str(path)]
     for name in args.dataset:
         cmd += ["--dataset", name]
     if setting == "oracle":
@@ -154,7 +154,8 @@ def cmd_bench_vllm(args) -> None:
     print(f"written to {out}/summary.json and summary.png", file=sys.stderr)
 
 
-def add_vllm_bench_parser(bench) -> None:
+def add_vllm_bench_parser(bench):
+    """`oospec bench vllm`'s parser (the CLI adds the options every command shares)."""
     p = bench.add_parser("vllm", help="oospec's proposer inside vLLM vs vLLM's own speculation (run from .venv-vllm)")
     p.add_argument("--model", required=True, help="a Hugging Face folder (`oospec models pull` gives one)")
     p.add_argument("--dataset", action="append", help="repeatable, name:split (default apibank:1)")
@@ -167,9 +168,9 @@ def add_vllm_bench_parser(bench) -> None:
     p.add_argument("--concurrency", type=int, default=8, help="the concurrent runs' requests in flight")
     p.add_argument("--concurrent-settings", default=None, metavar="A,B",
                    help="the settings run at --concurrency (default: --settings); none always runs")
-    p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--enforce-eager", action="store_true", help="no torch.compile: quicker start, slower steps")
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-vllm)")
     p.add_argument("--resume", action="store_true",
                    help="reuse the output folder's runs made with the same settings (an interrupted bench goes on)")
     p.set_defaults(func=cmd_bench_vllm)
+    return p

@@ -1,7 +1,10 @@
 """Generate a dataset's chats in real vLLM with one speculation setting; write ids and timings as JSON.
 
-    python -m oospec.integrations.vllm.run --setting none|ngram|suffix|oospec|oospec-sidecar|oracle|adversarial \
+    python -m oospec.integrations.vllm.run --setting none|ngram|suffix|oospec|oospec-sidecar|oracle \
         --model <folder> --dataset apibank:1 --limit 20 --out run.json
+
+`--setting custom --proposer MODULE.CLASS` runs any other proposer class vLLM's worker can import (the tests'
+hostile one: tests/vllm/random_proposer.py, with that folder on PYTHONPATH).
 
 One setting per process: vLLM's engine is only fully torn down with its process (vLLM spawns it, so this
 module keeps `LLM(...)` under `if __name__ == "__main__"`). Used by `oospec bench vllm` (bench.py) and by
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from oospec.integrations.vllm.context import EXTRA_ARGS_KEY
+from oospec.models.registry import DEFAULT_MAX_NEW_TOKENS
 
 PROPOSERS = "oospec.integrations.vllm"
 SETTINGS = {  # name -> (speculative method, custom class, extra environment of vLLM's worker)
@@ -28,8 +32,8 @@ SETTINGS = {  # name -> (speculative method, custom class, extra environment of 
     "oospec": ("custom_class", f"{PROPOSERS}.proposer.OospecProposer", {}),
     "oospec-sidecar": ("custom_class", f"{PROPOSERS}.proposer.OospecProposer", {"OOSPEC_VLLM_SIDECAR": "1"}),
     "oracle": ("custom_class", f"{PROPOSERS}.oracle.OracleProposer", {}),
-    "adversarial": ("custom_class", f"{PROPOSERS}.adversarial.RandomProposer", {}),
 }
+CUSTOM = "custom"  # a proposer class named by --proposer: not one of oospec's settings, so not in `oospec bench vllm`
 
 
 def load_chats(datasets: list[str], limit: int, offset: int = 0):
@@ -46,8 +50,8 @@ def load_chats(datasets: list[str], limit: int, offset: int = 0):
     return out
 
 
-def speculative_config(setting: str, k: int) -> dict | None:
-    method, cls, _ = SETTINGS[setting]
+def speculative_config(setting: str, k: int, proposer: str | None = None) -> dict | None:
+    method, cls, _ = ("custom_class", proposer, {}) if setting == CUSTOM else SETTINGS[setting]
     if method is None:
         return None
     if method == "ngram":
@@ -60,14 +64,16 @@ def speculative_config(setting: str, k: int) -> dict | None:
 def run_identity(args) -> dict:
     """What makes two runs of one setting the same run: `oospec bench vllm --resume` reuses a file only if
     this matches."""
-    return {"setting": args.setting, "model": str(args.model), "dtype": args.dtype, "k": args.k,
+    custom = {"proposer": args.proposer} if getattr(args, "proposer", None) else {}  # old run files lack the key
+    return {"setting": args.setting, **custom, "model": str(args.model), "dtype": args.dtype, "k": args.k,
             "concurrency": args.concurrency, "datasets": list(args.dataset or ["apibank:1"]), "limit": args.limit,
-            "offset": args.offset, "max_tokens": args.max_tokens, "enforce_eager": bool(args.enforce_eager)}
+            "offset": args.offset, "max_tokens": args.max_new_tokens, "enforce_eager": bool(args.enforce_eager)}
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--setting", choices=list(SETTINGS), required=True)
+    ap.add_argument("--setting", choices=[*SETTINGS, CUSTOM], required=True)
+    ap.add_argument("--proposer", help="MODULE.CLASS of the proposer for --setting custom")
     ap.add_argument("--model", required=True, help="a Hugging Face folder (`oospec models pull`)")
     ap.add_argument("--dataset", action="append", default=None, help="repeatable; default apibank:1")
     ap.add_argument("--limit", type=int, default=20, help="chats per dataset")
@@ -75,7 +81,7 @@ def main(argv=None) -> None:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
-    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     ap.add_argument("--max-model-len", type=int, default=4096)
     ap.add_argument("--enforce-eager", action="store_true",
                     help="no torch.compile (minutes less start-up; checks of equivalence, not of speed)")
@@ -83,7 +89,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    os.environ.update(SETTINGS[args.setting][2])
+    if (args.setting == CUSTOM) != bool(args.proposer):
+        ap.error("--proposer goes with --setting custom, and --setting custom needs --proposer MODULE.CLASS")
+    os.environ.update(SETTINGS.get(args.setting, (None, None, {}))[2])
     if args.setting == "oracle":
         if not args.reference:
             ap.error("--setting oracle needs --reference (the `none` setting's output)")
@@ -92,7 +100,7 @@ def main(argv=None) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    spec = speculative_config(args.setting, args.k)
+    spec = speculative_config(args.setting, args.k, args.proposer)
     # Per-request acceptance counts (tau) exist only with speculation; vLLM refuses the option without it.
     spec_metrics = {"per_request_spec_decode_metrics": "summary"} if spec else {}
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0, speculative_config=spec,
@@ -103,7 +111,7 @@ def main(argv=None) -> None:
     for sample, context in chats:
         prompts.append(TokensPrompt(prompt_token_ids=tok.encode(sample.prompt_text(tok), add_special_tokens=False)))
         extra = {EXTRA_ARGS_KEY: context} if context is not None else None
-        params.append(SamplingParams(temperature=0.0, max_tokens=args.max_tokens, extra_args=extra))
+        params.append(SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, extra_args=extra))
         ids.append(sample.id)
         datasets.append(sample.dataset)
     llm.generate([prompts[0]], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
