@@ -25,6 +25,7 @@ from oospec.engine.engine import render_chat, validate_messages
 from oospec.errors import InvalidMessagesError
 from oospec.server.errors import bad_request
 from oospec.server.schemas import ChatRequest
+from oospec.tools.call_grammar import forced_call_start
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import Dialect, ToolCall, get_dialect
 from oospec.tools.render import to_json
@@ -73,12 +74,8 @@ def build_prompt(engine, req: ChatRequest) -> Prompt:
 
 
 def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
-    if req.tool_choice == "required":
-        return dialect.call_prefix
-    if req.tool_choice == "function":
-        if dialect.name == "pythonic":
-            return f"[{req.forced_function}("
-        return dialect.opener + "{" + f'"name": {to_json(req.forced_function)}, "{dialect.args_key}": '
+    if req.tool_choice in ("required", "function"):
+        return forced_call_start(dialect, req.forced_function if req.tool_choice == "function" else None)
     return ""
 
 
