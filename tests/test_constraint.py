@@ -138,6 +138,10 @@ def test_grammar_shape_and_refusals(engine):
     grammar = call_grammar(TOOLS, ["set_alarm"], get_dialect("hermes"))
     assert "set_alarm" in grammar and "set_light" not in grammar
     assert json.loads(grammar.split("%json ", 1)[1].splitlines()[0])["additionalProperties"] is False
+    odd = tool("odd", {})
+    odd["function"]["parameters"]["type"] = "string"  # a schema claiming the arguments are not an object
+    assert json.loads(call_grammar([odd], ["odd"], get_dialect("hermes")).split("%json ", 1)[1].splitlines()[0])[
+        "type"] == "object"
     with pytest.raises(CallGrammarUnavailable):
         call_grammar(TOOLS, NAMES, get_dialect("pythonic"))
     with pytest.raises(ValueError, match="Paris"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,7 @@ class Engine:
         self.eos_ids = self._eos_ids()
         self.dtype_note = ""  # what `--dtype auto` chose and why (from_pretrained)
         self._grammar_vocabulary: GrammarVocabulary | None = None
+        self._grammar_lock = threading.Lock()  # servers prepare requests on several threads
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: str = "auto", device: str = "cpu", optimize: bool = True,
@@ -99,10 +101,11 @@ class Engine:
 
     def grammar_vocabulary(self) -> GrammarVocabulary:
         """The tokenizer as constrained decoding reads it (built on first use, about a second, then kept)."""
-        if self._grammar_vocabulary is None:
-            self._grammar_vocabulary = GrammarVocabulary(self.tokenizer, int(self.model.config.vocab_size),
-                                                         self.eos_ids)
-        return self._grammar_vocabulary
+        with self._grammar_lock:
+            if self._grammar_vocabulary is None:
+                self._grammar_vocabulary = GrammarVocabulary(self.tokenizer, int(self.model.config.vocab_size),
+                                                             self.eos_ids)
+            return self._grammar_vocabulary
 
     def constraint(self, grammar: str, forced_text: str = "") -> GrammarConstraint:
         """One request's grammar (Lark text, e.g. oospec.tools.call_grammar), to pass to `generate`; the prompt

@@ -84,10 +84,10 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], names: Sequence[str], diale
 
 
 def arguments_schema(parameters: Any) -> dict:
-    """The JSON schema the arguments object follows: the tool's parameters as an object, closed to undeclared
-    properties unless the schema opens it, written in tojson's layout."""
+    """The JSON schema the arguments object follows: the tool's parameters, always an object (whatever type a
+    schema claims), closed to undeclared properties unless the schema opens it, written in tojson's layout."""
     schema = dict(parameters) if isinstance(parameters, Mapping) else {}
-    schema.setdefault("type", "object")
+    schema["type"] = "object"
     if "properties" in schema:
         schema.setdefault("additionalProperties", False)
     schema["x-guidance"] = JSON_LAYOUT  # the client's own x-guidance (if any) does not change the layout
