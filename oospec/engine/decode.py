@@ -156,9 +156,9 @@ def generate(
                                                                                                     remaining - 1)
             else:
                 tree = TokenTree.empty()
+            stats.draft_s += time.perf_counter() - t_draft
             if constraint is not None:  # nodes the grammar forbids go; the allowed tokens after each node stay
                 tree, allowed = constraint.prune(tree)
-            stats.draft_s += time.perf_counter() - t_draft
             threads.update()
             # 3. Verify: one target forward over the pending token and every node (under a grammar, the
             #    forbidden tokens' logits at -inf after each).
