@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from oospec.server.reply import parse_reply
+from oospec.tools.call_grammar import call_grammar
 from oospec.tools.dialects import get_dialect
 
 MODEL = "smollm2-135m"
@@ -179,11 +180,12 @@ def test_plain_chat_is_identical_to_cli_generate_ar(server, tmp_path, capsys):
     assert stats["prefix_cache"]["hits"] >= 1
 
 
-def check_against_greedy(engine, resp, tool_names, forced_function=None, forced_text=""):
-    """The reply is the target's cold greedy continuation of the prompt the server built, and its message is
-    exactly what parsing that text gives."""
+def check_against_greedy(engine, resp, tool_names, forced_function=None, forced_text="", grammar=None):
+    """The reply is the target's cold greedy continuation of the prompt the server built (under `grammar`, the
+    call grammar of tool_choice required/named), and its message is exactly what parsing that text gives."""
     prompt, completion = ids_of(resp)
-    reference = engine.generate(prompt_ids=prompt, max_new_tokens=int(completion.size)).tokens
+    constraint = engine.constraint(grammar, forced_text) if grammar is not None else None
+    reference = engine.generate(prompt_ids=prompt, max_new_tokens=int(completion.size), constraint=constraint).tokens
     assert np.array_equal(completion, reference)
     text = forced_text + engine.tokenizer.decode(completion, skip_special_tokens=True)
     content, calls = parse_reply(text, tool_names, get_dialect("hermes"), forced_function, forced_text)
@@ -215,13 +217,19 @@ def test_tool_choice_variants(server, engine):
         model=MODEL, messages=msgs, tools=[WEATHER, TIME], max_tokens=48, extra_body=RETURN_IDS,
         tool_choice={"type": "function", "function": {"name": "get_time"}})
     forced = '<tool_call>\n{"name": "get_time", "arguments": '
-    calls = check_against_greedy(engine, named, ["get_weather", "get_time"], "get_time", forced)
+    hermes = get_dialect("hermes")
+    calls = check_against_greedy(engine, named, ["get_weather", "get_time"], "get_time", forced,
+                                 call_grammar([WEATHER, TIME], ["get_time"], hermes))
     assert named.choices[0].message.tool_calls[0].function.name == "get_time" == calls[0].name
+    assert named.choices[0].finish_reason == "tool_calls"  # the call ends, then the turn: the grammar allows no more
+    assert json.loads(named.choices[0].message.tool_calls[0].function.arguments).keys() == {"city"}
     assert engine.tokenizer.decode(ids_of(named)[0]).endswith("<|im_start|>assistant\n" + forced)
 
     required = client.chat.completions.create(model=MODEL, messages=msgs, tools=[WEATHER, TIME], max_tokens=48,
                                               tool_choice="required", extra_body=RETURN_IDS)
-    check_against_greedy(engine, required, ["get_weather", "get_time"], None, "<tool_call>\n")
+    calls = check_against_greedy(engine, required, ["get_weather", "get_time"], None, "<tool_call>\n",
+                                 call_grammar([WEATHER, TIME], ["get_weather", "get_time"], hermes))
+    assert calls and {c.name for c in calls} <= {"get_weather", "get_time"}
     assert engine.tokenizer.decode(ids_of(required)[0]).endswith("assistant\n<tool_call>\n")
 
     none = client.chat.completions.create(model=MODEL, messages=TWO_SHOT, tools=[WEATHER, TIME], max_tokens=24,

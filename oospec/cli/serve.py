@@ -84,6 +84,7 @@ def build_service(args):
     engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
     if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
         engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
+        engine.grammar_vocabulary()  # what tool_choice's grammars are built on (a second or so, once)
     drafter, sidecar = make_server_drafter(args)
     config = ServerConfig(
         model_name=args.served_model_name or args.model,

@@ -10,6 +10,7 @@ import numpy as np
 
 from oospec.engine.acceptance import greedy_accept
 from oospec.engine.budget import SampledAcceptance
+from oospec.engine.constraint import GrammarConstraint
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
@@ -83,6 +84,7 @@ def generate(
     prefix_cache: PrefixCache | None = None,
     on_tokens: OnTokens | None = None,
     sampling: SamplingParams | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Generation:
     """Greedy decoding of `request.prompt_ids`, accelerated by `drafter`; token-identical to plain greedy.
 
@@ -92,6 +94,8 @@ def generate(
     (oospec.engine.speculative_sampling).
     prefix_cache: start from the longest cached prefix of the prompt, and keep this request's cache there.
     on_tokens: told the tokens of every step as they are accepted; may end generation (see OnTokens).
+    constraint: a grammar the output follows (oospec.engine.constraint): drafts are pruned to it and the target's
+    logits masked by it at every node, so the output is the constrained greedy (or sampled) output.
     """
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     p = prompt.size
@@ -120,11 +124,16 @@ def generate(
         t0 = time.perf_counter()
         reused = prefix_cache.restore(target, prompt) if prefix_cache is not None else 0
         threads.update()
-        if sampling is None:
+        if sampling is None and constraint is None:
             pending = target.prefill(prompt, start=reused, between_chunks=threads.update)
         else:
             logits = target.prefill_logits(prompt, start=reused, between_chunks=threads.update)
-            pending = inverse_cdf(target_distribution(logits.cpu(), sampling), float(uniforms[0]))
+            if constraint is not None:
+                logits = constraint.mask_next(logits)
+            pending = int(logits.argmax()) if sampling is None else inverse_cdf(
+                target_distribution(logits.cpu(), sampling), float(uniforms[0]))
+            if constraint is not None:
+                constraint.advance([pending])
         stats.prefill_s = time.perf_counter() - t0
         stats.prompt_tokens_reused = reused
         stats.target_forwards = 1
@@ -148,15 +157,23 @@ def generate(
             else:
                 tree = TokenTree.empty()
             stats.draft_s += time.perf_counter() - t_draft
+            if constraint is not None:  # nodes the grammar forbids go; the allowed tokens after each node stay
+                tree, allowed = constraint.prune(tree)
             threads.update()
-            # 3. Verify: one target forward over the pending token and every node.
+            # 3. Verify: one target forward over the pending token and every node (under a grammar, the
+            #    forbidden tokens' logits at -inf after each).
             # 4. Accept: greedy, the longest path the target agrees with, plus its own next token; sampling, the
             #    path speculative sampling accepts, plus the token it draws after it.
-            if sampling is None:
+            if constraint is None and sampling is None:
                 path, bonus = greedy_accept(tree, target.verify(pending, tree))
             else:
-                path, bonus = speculative_accept(tree, target.verify_logits(pending, tree), sampling, uniforms[n - p :],
-                                                 meter)
+                logits = target.verify_logits(pending, tree)
+                if constraint is not None:
+                    logits = constraint.apply(logits, allowed)
+                if sampling is None:
+                    path, bonus = greedy_accept(tree, logits.argmax(-1).cpu().numpy())
+                else:
+                    path, bonus = speculative_accept(tree, logits, sampling, uniforms[n - p :], meter)
             # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
             target.commit(path)
             stats.target_forwards += 1
@@ -170,6 +187,8 @@ def generate(
             if stop.size:
                 produced = produced[: stop[0] + 1]
                 done, finish_reason = True, "stop"
+            if constraint is not None and not done:
+                constraint.advance(produced)
             first = n
             n += produced.size
             if n - p >= max_new_tokens:

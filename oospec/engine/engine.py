@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from oospec.engine.constraint import GrammarConstraint, GrammarVocabulary
 from oospec.engine.decode import Generation, OnTokens, generate
 from oospec.engine.distribution import SamplingParams
 from oospec.engine.drafting import Drafter, Request
@@ -72,6 +74,8 @@ class Engine:
         self.budget = budget
         self.eos_ids = self._eos_ids()
         self.dtype_note = ""  # what `--dtype auto` chose and why (from_pretrained)
+        self._grammar_vocabulary: GrammarVocabulary | None = None
+        self._grammar_lock = threading.Lock()  # servers prepare requests on several threads
 
     @classmethod
     def from_pretrained(cls, name_or_path: str, *, dtype: str = "auto", device: str = "cpu", optimize: bool = True,
@@ -94,6 +98,19 @@ class Engine:
                 continue
             ids.update([value] if isinstance(value, int) else value)
         return frozenset(int(i) for i in ids)
+
+    def grammar_vocabulary(self) -> GrammarVocabulary:
+        """The tokenizer as constrained decoding reads it (built on first use, about a second, then kept)."""
+        with self._grammar_lock:
+            if self._grammar_vocabulary is None:
+                self._grammar_vocabulary = GrammarVocabulary(self.tokenizer, int(self.model.config.vocab_size),
+                                                             self.eos_ids)
+            return self._grammar_vocabulary
+
+    def constraint(self, grammar: str, forced_text: str = "") -> GrammarConstraint:
+        """One request's grammar (Lark text, e.g. oospec.tools.call_grammar), to pass to `generate`; the prompt
+        already ends with `forced_text`, which the grammar must accept. GrammarError when it cannot be used."""
+        return GrammarConstraint(self.grammar_vocabulary(), grammar, forced_text)
 
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
         """Render chat messages (and tools) with the model's chat template into prompt token ids. Control-token
@@ -123,6 +140,7 @@ class Engine:
         top_p: float = 1.0,
         top_k: int = 0,
         seed: int | None = None,
+        constraint: GrammarConstraint | None = None,
     ) -> Result:
         """Greedy (temperature 0) or sampled reply to `messages` (or to ready `prompt_ids`).
 
@@ -137,6 +155,8 @@ class Engine:
         temperature > 0: sample from the target's distribution after temperature, top_k (0: all) and top_p,
         seeded by `seed`; with a drafter, speculatively (trees verified by speculative sampling, the same
         distribution in fewer forwards), without one, plain sampling, one forward per token.
+        constraint: a grammar the reply follows (`Engine.constraint`), with any drafter and at any temperature;
+            single use: it follows this one reply.
         """
         if prompt_ids is None:
             if messages is None:
@@ -162,9 +182,11 @@ class Engine:
         )
         sampling = SamplingParams(temperature, top_p, top_k, seed) if temperature > 0 else None
         if sampling is not None and drafter is None:
-            gen = sample(self.target, request, max_new_tokens, sampling, prefix_cache=prefix_cache, on_tokens=on_tokens)
+            gen = sample(self.target, request, max_new_tokens, sampling, prefix_cache=prefix_cache, on_tokens=on_tokens,
+                         constraint=constraint)
         else:
             gen = generate(self.target, drafter if drafter is not None else Drafter(), request, max_new_tokens,
-                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling)
+                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling,
+                           constraint=constraint)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 
+from oospec.engine.constraint import GrammarConstraint
 from oospec.engine.decode import Generation, GenerationStats, OnTokens, check_fits
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Request
@@ -27,8 +28,10 @@ def sample(
     *,
     prefix_cache: PrefixCache | None = None,
     on_tokens: OnTokens | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> Generation:
-    """Sample a reply to `request.prompt_ids` token by token (see the module docstring)."""
+    """Sample a reply to `request.prompt_ids` token by token (see the module docstring); under `constraint`, from
+    the logits its grammar allows (oospec.engine.constraint)."""
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     p = prompt.size
     check_fits(p, max_new_tokens, target.max_context)
@@ -44,6 +47,8 @@ def sample(
     stats.prompt_tokens_reused = reused
     t_decode = time.perf_counter()
     while True:
+        if constraint is not None:
+            logits = constraint.mask_next(logits)
         token = inverse_cdf(target_distribution(logits.cpu(), sampling), float(uniforms[len(tokens)]))
         tokens.append(token)
         stats.target_forwards += 1
@@ -56,6 +61,8 @@ def sample(
         if told_to_stop:
             finish_reason = "callback"
             break
+        if constraint is not None:
+            constraint.advance([token])
         logits = target.verify_logits(token, TokenTree.empty())[0]
         target.commit(np.empty(0, dtype=np.int64))
     stats.decode_s = time.perf_counter() - t_decode

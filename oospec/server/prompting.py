@@ -6,13 +6,17 @@ writes it: a "# Tools" block with the function signatures and the `<tool_call>` 
 system message, earlier calls written in the dialect inside the assistant message, and tool results as a user
 message of `<tool_response>` blocks.
 
-tool_choice is honoured by what the prompt contains and by forcing the start of the assistant's reply:
+tool_choice is honoured by what the prompt contains, by forcing the start of the assistant's reply, and by
+decoding the rest under a grammar:
   none       the tools are left out of the prompt, and the reply is not parsed for calls;
   auto       the tools are in the prompt and the model decides;
   required   the reply starts with the dialect's call opener (`<tool_call>\\n` for hermes);
   function   the reply starts with the opener and `{"name": "<function>", "arguments": ` .
 The forced text is appended to the prompt after the generation header, so the generated tokens are the
-target's greedy continuation of it; it is part of the reply's text (and of `usage.prompt_tokens`).
+target's greedy continuation of it; it is part of the reply's text (and of `usage.prompt_tokens`). For required
+and function, what follows is decoded under the call grammar (oospec.tools.call_grammar, `call_constraint`):
+only offered (or the named) functions, arguments an object following the function's parameters, then the end
+of the turn. Pythonic calls have no grammar: for that dialect the forced start is all.
 """
 
 from __future__ import annotations
@@ -21,10 +25,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oospec.engine.constraint import GrammarConstraint, GrammarError
 from oospec.engine.engine import render_chat, validate_messages
 from oospec.errors import InvalidMessagesError
 from oospec.server.errors import bad_request
 from oospec.server.schemas import ChatRequest
+from oospec.tools.call_grammar import call_grammar, forced_call_start
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import Dialect, ToolCall, get_dialect
 from oospec.tools.render import to_json
@@ -73,13 +79,24 @@ def build_prompt(engine, req: ChatRequest) -> Prompt:
 
 
 def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
-    if req.tool_choice == "required":
-        return dialect.call_prefix
-    if req.tool_choice == "function":
-        if dialect.name == "pythonic":
-            return f"[{req.forced_function}("
-        return dialect.opener + "{" + f'"name": {to_json(req.forced_function)}, "{dialect.args_key}": '
+    if req.tool_choice in ("required", "function"):
+        return forced_call_start(dialect, req.forced_function if req.tool_choice == "function" else None)
     return ""
+
+
+def call_constraint(engine, req: ChatRequest, prompt: Prompt) -> GrammarConstraint | None:
+    """The grammar a reply that must call a tool is decoded under (None: tool_choice none or auto, or a dialect
+    without one), or a 400 when the tools' parameters cannot be compiled into one."""
+    if req.tool_choice not in ("required", "function") or not prompt.dialect.openers:
+        return None
+    names = [req.forced_function] if req.tool_choice == "function" else req.tool_names
+    try:
+        grammar = call_grammar(req.tools or [], names, prompt.dialect, parallel=req.parallel_tool_calls,
+                               special_tokens=engine.grammar_vocabulary().special_tokens)
+        return engine.constraint(grammar, prompt.forced_text)
+    except GrammarError as exc:
+        raise bad_request(f"tool_choice {req.tool_choice!r} needs the tools' parameters as a grammar, and they do "
+                          f"not make one: {exc}", "tools") from None
 
 
 def tools_block(tools: list[dict], dialect: Dialect) -> str:

@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
+from oospec.engine.constraint import GrammarConstraint
 from oospec.engine.decode import Generation
 from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine
@@ -15,7 +16,7 @@ from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB
 from oospec.server.errors import bad_request
-from oospec.server.prompting import Prompt, build_prompt
+from oospec.server.prompting import Prompt, build_prompt, call_constraint
 from oospec.server.reply import Reply, ReplyBuilder
 from oospec.server.schemas import ChatRequest
 from oospec.server.worker import Cancelled, QueuedRequest, Worker, timeout_error
@@ -45,6 +46,7 @@ class Work:
     req: ChatRequest
     prompt: Prompt
     max_new_tokens: int
+    constraint: GrammarConstraint | None = None  # the call grammar of tool_choice required/function (single use)
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -93,7 +95,8 @@ class ModelService:
             raise bad_request(f"the prompt has {prompt.ids.size} tokens but the model's context is {context} tokens",
                               "messages", code="context_length_exceeded")
         wanted = req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens
-        return Work(req=req, prompt=prompt, max_new_tokens=min(wanted, room))
+        return Work(req=req, prompt=prompt, max_new_tokens=min(wanted, room),
+                    constraint=call_constraint(self.engine, req, prompt))
 
     def timeout_for(self, req: ChatRequest) -> float:
         t = self.config.request_timeout_s
@@ -134,6 +137,7 @@ class ModelService:
             temperature=req.temperature,
             top_p=req.top_p,
             seed=req.seed,
+            constraint=work.constraint,
         ).generation
         if job.cancel.is_set():
             raise Cancelled()

@@ -1,0 +1,152 @@
+"""Constrained decoding (tool_choice named or required): a random-weight target, which writes garbage unconstrained,
+writes a call of an offered function with an object for arguments under the call grammar; speculative decoding
+under the grammar, with drafters built to break it, is token-identical to constrained plain greedy decoding."""
+
+import json
+
+import numpy as np
+import pytest
+from adversarial import DecoyOracleDrafter, EmptyDrafter, HugeTreeDrafter, RandomTreeDrafter
+from helpers import tiny_model
+
+from oospec.drafters import make_drafter
+from oospec.engine.constraint import GrammarError
+from oospec.engine.engine import Engine
+from oospec.tools.call_grammar import CallGrammarUnavailable, call_grammar, forced_call_start
+from oospec.tools.dialects import get_dialect
+
+
+def tool(name, properties, required=()):
+    return {"type": "function", "function": {"name": name, "parameters": {
+        "type": "object", "properties": properties, "required": list(required)}}}
+
+
+# Finite argument spaces (enums, booleans): every constrained reply ends within a few dozen tokens.
+LIGHT = tool("set_light", {"room": {"type": "string", "enum": ["kitchen", "hall"]}, "on": {"type": "boolean"}},
+             ["room", "on"])
+ALARM = tool("set_alarm", {"hour": {"type": "integer", "enum": [6, 7, 8]}}, ["hour"])
+TOOLS = [LIGHT, ALARM]
+NAMES = ["set_light", "set_alarm"]
+MESSAGES = [{"role": "user", "content": "Turn on the kitchen light and wake me at seven."}]
+MAX_NEW = 120
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_tokenizer, one_thread):
+    """A random target with SmolLM2's vocabulary (so the grammar has a real tokenizer to work with)."""
+    return Engine(tiny_model("qwen2", seed=3, vocab=len(smollm2_tokenizer)), smollm2_tokenizer)
+
+
+def setup(engine, forced_function, dialect_name="hermes", parallel=False, seed=0):
+    dialect = get_dialect(dialect_name)
+    forced = forced_call_start(dialect, forced_function)
+    rng = np.random.default_rng(seed)
+    noise = " ".join(rng.choice(["lamp", "hall", "seven", "wake", "light", "please"], 4))
+    messages = [{"role": "user", "content": MESSAGES[0]["content"] + " " + noise}]
+    prompt = np.concatenate([engine.encode(messages), engine.tokenizer.encode(forced, add_special_tokens=False)])
+    names = [forced_function] if forced_function else NAMES
+    grammar = call_grammar(TOOLS, names, dialect, parallel=parallel,
+                           special_tokens=engine.grammar_vocabulary().special_tokens)
+    return prompt, forced, grammar, dialect
+
+
+def reply_calls(engine, dialect, forced, tokens):
+    return dialect.parse(forced + engine.tokenizer.decode(tokens, skip_special_tokens=True))
+
+
+def one_clean_call(text, dialect, names):
+    """The reply is one call of one of `names`, arguments an object, byte for byte the dialect's own rendering."""
+    calls = dialect.parse(text)
+    return (len(calls) == 1 and calls[0].name in names and isinstance(calls[0].arguments, dict)
+            and text == dialect.render(calls))
+
+
+@pytest.mark.parametrize("forced_function", [None, "set_alarm", "set_light"])
+@pytest.mark.parametrize("dialect_name", ["hermes", "apibank", "llama3_json"])
+def test_forced_reply_is_a_call_of_an_offered_function(engine, forced_function, dialect_name):
+    for seed in range(3):
+        prompt, forced, grammar, dialect = setup(engine, forced_function, dialect_name, seed=seed)
+        gen = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW, constraint=engine.constraint(grammar, forced))
+        assert gen.generation.finish_reason == "stop", engine.tokenizer.decode(gen.tokens)
+        text = forced + engine.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+        assert one_clean_call(text, dialect, [forced_function] if forced_function else NAMES), text
+        # The same target without the grammar writes no such call: the grammar is what made the reply a call.
+        free = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW)
+        assert not one_clean_call(forced + engine.tokenizer.decode(free.tokens, skip_special_tokens=True), dialect,
+                                  NAMES)
+
+
+def test_parallel_calls_all_parse(engine):
+    prompt, forced, grammar, dialect = setup(engine, None, parallel=True)
+    gen = engine.generate(prompt_ids=prompt, max_new_tokens=200, constraint=engine.constraint(grammar, forced))
+    text = forced + engine.tokenizer.decode(gen.tokens, skip_special_tokens=True)
+    calls = dialect.parse(text)
+    assert calls and all(c.name in NAMES and isinstance(c.arguments, dict) for c in calls), text
+
+
+class PoolTreeDrafter(RandomTreeDrafter):
+    """Random trees of tokens the grammar often allows (those of the reply itself), so that many survive pruning
+    and acceptance has real branches to choose between."""
+
+    def __init__(self, pool: np.ndarray, seed: int, max_nodes: int = 48):
+        super().__init__(len(pool), seed, max_nodes)
+        self.pool = pool
+
+    def candidates(self, context):
+        return [type(c)(self.pool[c.tokens]) for c in super().candidates(context)]
+
+
+@pytest.mark.parametrize("forced_function", [None, "set_light"])
+def test_speculative_under_the_grammar_is_constrained_greedy(engine, forced_function):
+    vocab = len(engine.tokenizer)
+    for seed in range(2):
+        prompt, forced, grammar, _ = setup(engine, forced_function, seed=seed)
+        reference = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW,
+                                    constraint=engine.constraint(grammar, forced)).tokens
+        unconstrained = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW).tokens
+        pool = np.unique(np.concatenate([reference, unconstrained]))
+        drafters = [EmptyDrafter(), RandomTreeDrafter(vocab, seed), HugeTreeDrafter(vocab, seed),
+                    PoolTreeDrafter(pool, seed), DecoyOracleDrafter(reference, vocab, seed),
+                    DecoyOracleDrafter(unconstrained, vocab, seed), make_drafter("toolspec")]
+        for drafter in drafters:
+            for budget in (4, 32):
+                gen = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW, drafter=drafter, budget=budget,
+                                      tools=TOOLS, dialect="hermes", constraint=engine.constraint(grammar, forced))
+                assert np.array_equal(gen.tokens, reference), (drafter.name, budget)
+        oracle = DecoyOracleDrafter(reference, vocab, seed)
+        fast = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW, drafter=oracle,
+                               constraint=engine.constraint(grammar, forced))
+        assert fast.stats.tau > 2  # the true path survives pruning and is accepted many tokens per forward
+
+
+def test_sampling_under_the_grammar(engine):
+    """Plain and speculative sampling under the grammar draw the same tokens for the same seed (speculative
+    sampling's guarantee, oospec.engine.speculative_sampling), and every draw is a call."""
+    prompt, forced, grammar, dialect = setup(engine, None)
+    vocab = len(engine.tokenizer)
+    for seed in range(4):
+        options = dict(prompt_ids=prompt, max_new_tokens=MAX_NEW, temperature=1.0, seed=seed)
+        plain = engine.generate(**options, constraint=engine.constraint(grammar, forced))
+        calls = reply_calls(engine, dialect, forced, plain.tokens)
+        assert len(calls) == 1 and calls[0].name in NAMES and isinstance(calls[0].arguments, dict)
+        for drafter in (RandomTreeDrafter(vocab, seed), DecoyOracleDrafter(plain.tokens, vocab, seed)):
+            spec = engine.generate(**options, drafter=drafter, constraint=engine.constraint(grammar, forced))
+            assert np.array_equal(spec.tokens, plain.tokens), drafter.name
+
+
+def test_grammar_shape_and_refusals(engine):
+    grammar = call_grammar(TOOLS, ["set_alarm"], get_dialect("hermes"))
+    assert "set_alarm" in grammar and "set_light" not in grammar
+    assert json.loads(grammar.split("%json ", 1)[1].splitlines()[0])["additionalProperties"] is False
+    odd = tool("odd", {})
+    odd["function"]["parameters"]["type"] = "string"  # a schema claiming the arguments are not an object
+    assert json.loads(call_grammar([odd], ["odd"], get_dialect("hermes")).split("%json ", 1)[1].splitlines()[0])[
+        "type"] == "object"
+    with pytest.raises(CallGrammarUnavailable):
+        call_grammar(TOOLS, NAMES, get_dialect("pythonic"))
+    with pytest.raises(ValueError, match="Paris"):
+        call_grammar(TOOLS, ["Paris"], get_dialect("hermes"))
+    with pytest.raises(GrammarError, match="forced reply start"):
+        engine.constraint(grammar, "<tool_call>\n{\"name\": \"set_light\"")
+    with pytest.raises(GrammarError, match="compile"):
+        engine.constraint("start: undefined_rule\n")
