@@ -143,13 +143,8 @@ def add_bench_parser(sub) -> None:
                    help="comma list of drafters; each runs with prefix reuse off and on")
     p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
     p.add_argument("--turns", type=positive_int, default=None, help="replay only the first N turns (default: all)")
-<<<<<<< HEAD
-    p.add_argument("--max-tokens", type=positive_int, default=128)
-    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB)
-=======
     add_max_new_tokens_option(p, old_spelling="--max-tokens")
-    p.add_argument("--prefix-cache-mb", type=float, default=512.0)
->>>>>>> layout
+    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
     add_runtime_options(p, model_default=TINY_TARGET)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told

@@ -7,14 +7,9 @@ import logging
 import os
 import sys
 
-<<<<<<< HEAD
-from oospec.cli.options import (add_budget_option, add_command, add_method_option, add_runtime_options,
-                                add_sidecar_options, method_sidecar, positive_int)
-from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
-=======
 from oospec.cli.options import (add_budget_option, add_command, add_max_new_tokens_option, add_method_option,
                                 add_runtime_options, add_sidecar_options, method_sidecar)
->>>>>>> layout
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
 
 API_KEY_ENV = "OOSPEC_API_KEY"
 
