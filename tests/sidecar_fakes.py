@@ -8,6 +8,7 @@ import os
 import re
 import time
 
+from oospec.sidecar.memory import WorkingSetTooLarge
 from oospec.sidecar.protocol import Guess, Payload, encode_payload
 
 
@@ -71,6 +72,8 @@ class FakePredictor:
             return encode_payload("not-" + job.request_id, [Guess(name, args)], 0.01, time.time())
         if mode == "raise":
             raise RuntimeError("the predictor failed")
+        if mode == "too-large":  # what the real predictor raises for a job over its memory budget
+            raise WorkingSetTooLarge("a 90000-token prompt needs about 30 GB, over the sidecar's memory budget")
         raise ValueError(mode)
 
 

@@ -212,6 +212,19 @@ def test_answer_after_the_target_finished(smol_engine, apibank_case, tmp_path):
         assert second.payload is None or second.payload.request_id == second.ticket.request_id
 
 
+def test_a_job_over_the_memory_budget_is_drafted_without_hints(smol_engine, apibank_case):
+    """The worker refuses the job (fault "too-large", counted and reported); the output is the target's own, and
+    the worker, not at fault, goes on unrestarted."""
+    sample, prompt, ref, _ = apibank_case
+    with fake_client(mode="too-large") as client:
+        drafter = make_drafter("oospec", sidecar=client, wait_s=30)
+        out = generate(smol_engine, sample, prompt, drafter)
+        assert np.array_equal(out.tokens, ref)
+        assert drafter.report.fault == "too-large" and drafter.report.waited_s < 20
+        assert client.stats.faults == {"too-large": 1} and client.stats.restarts == 0 and client.state == "alive"
+        assert client.health()["faults"] == {"too-large": 1}
+
+
 def test_waiting_for_a_slow_sidecar(smol_engine, apibank_case):
     """wait_s (benchmarks only): the first draft waits for the payload, so the hint is used from the start."""
     sample, prompt, ref, guess = apibank_case

@@ -115,7 +115,7 @@ class SidecarPredictor:
                  alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
                  min_call_probability: float = 0.0, rank_by: str = "greedy", prior_weight: float = 0.0,
                  max_calls: int = 4, max_joint_tokens: int = 24, slot_order: str = "parallel",
-                 max_call_tokens: int = 192):
+                 max_call_tokens: int = 192, memory_budget: int | None = None):
         if rank_by not in ("greedy", "total"):
             raise ValueError(f"rank_by must be 'greedy' or 'total', got {rank_by!r}")
         if slot_order not in SLOT_ORDERS:
@@ -123,7 +123,8 @@ class SidecarPredictor:
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
-        self.runner = RowRunner(model)
+        self.memory_budget = memory_budget  # bytes of working set (None: oospec.sidecar.memory's default)
+        self.runner = RowRunner(model, memory_budget)
         self.token_bytes = TokenBytes(tokenizer)
         self.max_value_tokens = max_value_tokens
         self.alternative_margin = alternative_margin  # keep the runner-up within this many nats of the best
@@ -173,12 +174,13 @@ class SidecarPredictor:
 
     def clear_cache(self) -> None:
         """Forget the encoded prompt and the name priors: the next job starts cold (a benchmark's fresh run)."""
-        self.runner = RowRunner(self.model)
+        self.runner = RowRunner(self.model, self.memory_budget)
         self._priors.clear()
 
     # -- the job -------------------------------------------------------------------------------------------
     def predict(self, job: Job) -> bytes:
-        """The compact JSON payload for `job`."""
+        """The compact JSON payload for `job`. Raises WorkingSetTooLarge (oospec.sidecar.memory) for a job over
+        the memory budget, before its prompt is encoded."""
         t0 = time.perf_counter()
         self.in_order_forwards = 0
         tools = tools_from_openai(job.tools) if job.tools else []

@@ -11,8 +11,10 @@ a zombie), noticed on the next `poll`/`submit` and restarted for the next reques
 `hang_timeout_s` is killed and restarted. More than `max_restarts` failures within `restart_window_s` and the
 client rests: decoding goes on without hints until `quiet_period_s` have passed, then the worker is started
 again (issue 33: a few crashes no longer cost the sidecar for the life of the server). A worker that cannot
-load its model is not retried. Answers are checked by `parse_payload` before anything is built from them. Each
-kind of fault is logged once per client; `state` and `health` say honestly where the worker stands.
+load its model is not retried. A job whose working set would exceed the worker's memory budget
+(oospec.sidecar.memory) is refused, fault "too-large": that request drafts without hints. Answers are checked
+by `parse_payload` before anything is built from them. Each kind of fault is logged once per client; `state`
+and `health` say honestly where the worker stands.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from oospec.models.registry import DEFAULT_SIDECAR
+from oospec.sidecar.memory import WorkingSetTooLarge
 from oospec.sidecar.protocol import CANCEL, CLEAR_CACHE, Job, Payload, PayloadError, parse_payload
 from oospec.sidecar.provenance import ADAPTERS_DIR
 from oospec.tools.schema import Tool
@@ -362,6 +365,10 @@ class SidecarClient:
             ticket.fault = "cancelled"
             return
         ticket.received_at = time.time()
+        if kind == "refused":  # a job over the worker's memory budget: that job goes without hints, nothing else
+            ticket.fault = WorkingSetTooLarge.kind
+            self._fault(WorkingSetTooLarge.kind, f"the sidecar refused request {request_id}: {detail}")
+            return
         if kind == "error":
             ticket.fault = "predictor-error"
             self._fault("predictor-error", f"the sidecar failed on request {request_id}: {detail}")

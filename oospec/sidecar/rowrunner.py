@@ -10,22 +10,45 @@ from transformers.cache_utils import Cache
 
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.engine.target import SlotLayer, cache_arg
+from oospec.sidecar.memory import (CHUNK_BYTES, MEMORY_ENV, ForwardCost, WorkingSetTooLarge, default_memory_budget,
+                                   gigabytes)
 
 
 class RowRunner:
     """Batched forwards of a causal LM over rows that share one cached prefix.
 
     Rows are right-aligned after the prefix (left padding); pads attend to the prefix only, so they stay
-    finite and are never attended to by real tokens."""
+    finite and are never attended to by real tokens. Every row of a batch holds its own copy of the prefix's
+    cache, so rows run in chunks of at most `chunk_bytes` (each chunk laid out as the whole batch would be:
+    a row's result does not depend on the chunk it ran in). Work whose estimated working set (the prefix and
+    one row) exceeds `memory_budget` bytes raises WorkingSetTooLarge before anything is allocated."""
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, memory_budget: int | None = None, chunk_bytes: int = CHUNK_BYTES):
         self.model = model
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.neg = torch.finfo(self.dtype).min
+        self.memory_budget = memory_budget if memory_budget is not None else default_memory_budget()
+        self.chunk_bytes = chunk_bytes
+        self.cost = ForwardCost.of(model.config, self.dtype.itemsize)
         self.prefix_ids: list[int] = []
         self._prefix_layers: list[SlotLayer] = []
         self.prefix_logits: torch.Tensor | None = None
+        self.kv_bytes_peak = 0  # the most keys-and-values bytes held at once (prefix and rows) since created
+
+    def _check(self, need: int, what: str) -> None:
+        if need > self.memory_budget:
+            raise WorkingSetTooLarge(f"{what} needs about {gigabytes(need)}, over the sidecar's memory budget of "
+                                     f"{gigabytes(self.memory_budget)} (set {MEMORY_ENV} to change it)")
+
+    def rows_per_chunk(self, rows: int, capacity: int, queries: int, keys: int, kept_logits: int) -> int:
+        """How many of `rows` rows (each: a cache of `capacity` slots, a first forward of `queries` tokens over
+        `keys` keys keeping `kept_logits` logits) run in one forward; raises WorkingSetTooLarge if not even one
+        fits beside the prefix."""
+        prefix = len(self.prefix_ids) * self.cost.kv_per_token
+        one = self.cost.row(capacity, queries, keys, kept_logits)
+        self._check(prefix + one, f"a row over a {len(self.prefix_ids)}-token prefix")
+        return max(1, min(rows, min(self.chunk_bytes, self.memory_budget - prefix) // one))
 
     @torch.inference_mode()
     def encode_prefix(self, ids: Sequence[int]) -> None:
@@ -37,6 +60,8 @@ class RowRunner:
             return
         n = len(ids)
         reuse = min(common_prefix_length([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
+        # With a row after it: a prefix whose one row cannot run is refused before it is encoded.
+        self._check(self.cost.prefix(n, n - reuse) + self.cost.row(n + 1, 1, n + 1, 1), f"a {n}-token prompt")
         layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
         if reuse > 0:
             for layer, old in zip(layers, self._prefix_layers):
@@ -46,13 +71,20 @@ class RowRunner:
                          **cache_arg(Cache(layers=layers)), logits_to_keep=1)
         for layer in layers:
             layer.keep(None, n - reuse)
+        self._note_kv(layers, self._prefix_layers)
         self.prefix_ids, self._prefix_layers = ids, layers
         self.prefix_logits = out.logits[0, -1].float()
+
+    def _note_kv(self, *held: list[SlotLayer]) -> None:
+        """Record the keys-and-values bytes of the caches held at once (for the memory tests)."""
+        now = sum(x.keys.nbytes + x.values.nbytes for layers in held for x in layers if x.is_initialized)
+        self.kv_bytes_peak = max(self.kv_bytes_peak, now)
 
     def _row_cache(self, rows: int, capacity: int) -> tuple[Cache, list[SlotLayer]]:
         layers = [SlotLayer(capacity) for _ in self._prefix_layers]
         for layer, src in zip(layers, self._prefix_layers):
             layer.load(src.keys, src.values, len(self.prefix_ids), rows=rows)
+        self._note_kv(layers, self._prefix_layers)
         return Cache(layers=layers), layers
 
     @torch.inference_mode()
@@ -61,11 +93,35 @@ class RowRunner:
         """Feed each row its suffix after the prefix, then decode greedily up to `steps` tokens per row.
 
         Returns (suffix log-probs: list of (len,) arrays of each suffix token's log-probability, generated
-        ids: (rows, <=steps) array). `stop(row, ids) -> bool` ends a row early (all rows ended: stop).
-        `first`: per row, the ids its first generated token is chosen among (None: any)."""
+        ids: (rows, <=steps) array; a row's ids after the one its `stop` accepted mean nothing). `stop(row, ids)
+        -> bool` ends a row early (all rows of a chunk ended: its decoding stops). `first`: per row, the ids its
+        first generated token is chosen among (None: any). Rows run in chunks (`rows_per_chunk`), each padded
+        to the width of the whole batch, so a row's tokens are those it gets in a batch of any size."""
+        r = len(suffixes)
+        width = max(len(suf) for suf in suffixes)
+        s = len(self.prefix_ids)
+        chunk = self.rows_per_chunk(r, s + width + steps, width, s + width, width if keep_all_logits else 1)
+        logprobs: list[np.ndarray] = []
+        parts: list[np.ndarray] = []
+        for start in range(0, r, chunk):
+            rows = range(start, min(r, start + chunk))
+            chunk_stop = None if stop is None else (lambda i, ids, start=start: stop(start + i, ids))
+            lp, gen = self._run_rows([suffixes[i] for i in rows], width, steps, keep_all_logits, chunk_stop,
+                                     None if first is None else [first[i] for i in rows])
+            logprobs += lp
+            parts.append(gen)
+        if len(parts) == 1:
+            return logprobs, parts[0]
+        generated = np.zeros((r, max(p.shape[1] for p in parts)), dtype=np.int64)
+        for start, part in zip(range(0, r, chunk), parts):
+            generated[start : start + len(part), : part.shape[1]] = part
+        return logprobs, generated
+
+    def _run_rows(self, suffixes: Sequence[Sequence[int]], width: int, steps: int, keep_all_logits: bool, stop,
+                  first: Sequence[np.ndarray | None] | None):
+        """`run` over one chunk of rows, left-padded to `width`."""
         r = len(suffixes)
         lens = np.array([len(s) for s in suffixes])
-        width = int(lens.max())
         s = len(self.prefix_ids)
         cache, layers = self._row_cache(r, s + width + steps)
         ids = np.zeros((r, width), dtype=np.int64)
@@ -138,7 +194,9 @@ class RowRunner:
         s = len(self.prefix_ids)
         committed = s  # slots in the cache: the prefix, then every fed token whose successor is known
         pending = list(suffix)
-        cache, layers = self._row_cache(1, s + len(pending) + 2 * steps + 1)
+        capacity = s + len(pending) + 2 * steps + 1
+        self.rows_per_chunk(1, capacity, len(pending) + steps, capacity, steps + 1)  # raises if the row cannot fit
+        cache, layers = self._row_cache(1, capacity)
         generated: list[int] = []
         forwards = 0
         while len(generated) < steps:

@@ -14,6 +14,7 @@ import json
 from collections import deque
 from multiprocessing.connection import Connection
 
+from oospec.sidecar.memory import WorkingSetTooLarge
 from oospec.sidecar.protocol import CANCEL, CLEAR_CACHE, Job
 
 
@@ -58,6 +59,8 @@ def _worker_main(conn: Connection, factory: str, options: dict, threads: int | N
         try:
             raw = predictor.predict(job)
             conn.send(("payload", (job.request_id, raw if isinstance(raw, bytes) else str(raw).encode())))
+        except WorkingSetTooLarge as exc:  # refused, not failed: the worker is as healthy as before
+            conn.send(("refused", (job.request_id, str(exc))))
         except Exception as exc:
             conn.send(("error", (job.request_id, f"{type(exc).__name__}: {exc}")))
 
