@@ -49,8 +49,7 @@ def rss_kb(field: str) -> int:
 
 def one_point(n: int) -> dict:
     """Load the sidecar, predict one job with `n` tools, report memory (in this process)."""
-    from oospec.sidecar.process import make_predictor
-    from oospec.sidecar.protocol import Job
+    from oospec.sidecar import Job, make_predictor
 
     predictor = make_predictor()
     spec = tools(n)
@@ -75,17 +74,11 @@ def one_point(n: int) -> dict:
 
 def apibank_latency(n: int) -> dict:
     from oospec.datasets import load_dataset
-    from oospec.sidecar.process import make_predictor
-    from oospec.sidecar.protocol import Job
-    from oospec.tools.dialects import DIALECTS
-    from oospec.tools.schema import to_openai
+    from oospec.sidecar import Job, make_predictor
 
     predictor = make_predictor()
-    jobs = []
-    for sample in load_dataset("apibank", split="1", limit=n):
-        dialect = DIALECTS[sample.dialect]
-        jobs.append(Job(sample.id, sample.messages, [to_openai(t) for t in sample.tools], sample.chat_tools(),
-                        dialect.opener, dialect.args_key, openers=list(dialect.openers)))
+    # API-Bank calls open with nothing before the object (its dialect's opener is empty).
+    jobs = [Job(s.id, s.messages, s.openai_tools(), s.chat_tools()) for s in load_dataset("apibank", split="1", limit=n)]
     predictor.predict(jobs[0])  # warm-up: first-call costs are no job's
     seconds, digest, answers = [], hashlib.sha256(), []
     for job in jobs:

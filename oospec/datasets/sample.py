@@ -45,6 +45,11 @@ class Sample:
             return None
         return [to_openai(t) for t in self.tools]
 
+    def openai_tools(self) -> list[dict]:
+        """The offered tools as OpenAI tool specs (what a request's `tools` holds), whether or not the prompt
+        describes them itself."""
+        return [to_openai(t) for t in self.tools]
+
     def prompt_text(self, tokenizer, **kwargs) -> str:
         """The prompt string, generation header included."""
         tools = self.chat_tools()

@@ -4,7 +4,8 @@ This package imports without torch: the client (process.py) and the protocol are
 needs; the predictor (predictor.py) runs in the sidecar's own process (worker_main.py).
 """
 
-from oospec.sidecar.process import DEFAULT_SIDECAR, SidecarClient
+from oospec.sidecar.process import DEFAULT_SIDECAR, SidecarClient, make_predictor
 from oospec.sidecar.protocol import Guess, Job, Payload, PayloadError, parse_payload
 
-__all__ = ["DEFAULT_SIDECAR", "Guess", "Job", "Payload", "PayloadError", "SidecarClient", "parse_payload"]
+__all__ = ["DEFAULT_SIDECAR", "Guess", "Job", "Payload", "PayloadError", "SidecarClient", "make_predictor",
+           "parse_payload"]
