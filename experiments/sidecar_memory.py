@@ -74,11 +74,10 @@ def one_point(n: int) -> dict:
 
 def apibank_latency(n: int) -> dict:
     from oospec.datasets import load_dataset
-    from oospec.sidecar import Job, make_predictor
+    from oospec.sidecar import make_predictor
 
     predictor = make_predictor()
-    # API-Bank calls open with nothing before the object (its dialect's opener is empty).
-    jobs = [Job(s.id, s.messages, s.openai_tools(), s.chat_tools()) for s in load_dataset("apibank", split="1", limit=n)]
+    jobs = [s.sidecar_job() for s in load_dataset("apibank", split="1", limit=n)]
     predictor.predict(jobs[0])  # warm-up: first-call costs are no job's
     seconds, digest, answers = [], hashlib.sha256(), []
     for job in jobs:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from oospec.errors import OospecError
+from oospec.sidecar.protocol import Job
 from oospec.sidecar.provenance import Request
 from oospec.tools.dialects import ToolCall, get_dialect
 from oospec.tools.schema import Tool, to_openai
@@ -49,6 +50,13 @@ class Sample:
         """The offered tools as OpenAI tool specs (what a request's `tools` holds), whether or not the prompt
         describes them itself."""
         return [to_openai(t) for t in self.tools]
+
+    def sidecar_job(self) -> Job:
+        """This sample as the sidecar is asked about it, the call written the way its dialect writes calls (a
+        drafter asks in the target's own learned habits instead)."""
+        dialect = get_dialect(self.dialect)
+        return Job(self.id, self.messages, self.openai_tools(), self.chat_tools(), dialect.opener,
+                   dialect.args_key, openers=list(dialect.openers))
 
     def prompt_text(self, tokenizer, **kwargs) -> str:
         """The prompt string, generation header included."""
