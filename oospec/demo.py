@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import numpy as np
 from rich.console import Console
 from rich.table import Table
@@ -45,11 +47,15 @@ def _demo(console, pipe: Pipeline, model, method, sample_index, warmup_samples, 
     console.print(f"\n[bold]request[/] ({sample.id}, {len(sample.tools)} tools in the system prompt):")
     console.print(question.strip()[-600:], markup=False)
     results = {}
+    # Equal cores: `ar` gets the target's threads and the sidecar's (a method with a sidecar splits the same total).
+    on_cpu = pipe.sidecar is not None and pipe.sidecar.device == "cpu"
+    cores = pipe.threads + ((pipe.sidecar.threads or 0) if on_cpu else 0)
     for name, how in (("ar", None), (method, drafter)):
-        console.print(f"[dim]decoding with {name}...[/]")
-        results[name] = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                                        dialect=sample.dialect, drafter=how, max_new_tokens=max_new_tokens,
-                                        budget=pipe.budget)
+        console.print(f"[dim]decoding with {name}" + (f" on {cores} cores" if how is None else "") + "...[/]")
+        with threads_set(cores if how is None else pipe.threads):
+            results[name] = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
+                                            dialect=sample.dialect, drafter=how, max_new_tokens=max_new_tokens,
+                                            budget=pipe.budget)
     base, fast = results["ar"], results[method]
     for name, res in results.items():
         console.print(f"\n[bold]{name}[/] wrote:")
@@ -67,6 +73,19 @@ def _demo(console, pipe: Pipeline, model, method, sample_index, warmup_samples, 
         for line in lines:
             console.print(line, markup=False)
     return identical
+
+
+@contextmanager
+def threads_set(n: int):
+    """Torch threads `n` for a block, the count before restored after."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def results_table(results: dict, title: str) -> Table:

@@ -12,13 +12,14 @@ it too, so that the Python path and the commands start the same sidecar and spli
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
 from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine, Result
+from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import ChatTemplateError, OospecError
-from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_TARGET
+from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB, DEFAULT_TARGET
 from oospec.sidecar.process import SidecarClient, SidecarSettings, make_sidecar
 from oospec.tools.dialects import ToolCall, get_dialect
 
@@ -43,13 +44,18 @@ class Pipeline:
     method: str
     sidecar: SidecarClient | None = None
     budget: int = DEFAULT_BUDGET
+    # The KV of earlier calls' prompts and replies: an agent resends its conversation every turn, and only what
+    # is new is prefilled (prefix_cache=None in a call turns it off for that call).
+    prefix_cache: PrefixCache | None = field(
+        default_factory=lambda: PrefixCache(int(DEFAULT_PREFIX_CACHE_MB * 2**20)))
 
     def generate(self, messages: list[dict], tools: list[dict] | None = None, **options) -> Result:
-        """Engine.generate with this pipeline's drafter and budget; `tools` the chat template cannot render are
-        refused (ChatTemplateError) rather than silently dropped."""
+        """Engine.generate with this pipeline's drafter, budget and prefix cache; `tools` the chat template cannot
+        render are refused (ChatTemplateError) rather than silently dropped."""
         if tools:
             check_template_renders_tools(self.engine, messages, tools)
         options.setdefault("budget", self.budget)
+        options.setdefault("prefix_cache", self.prefix_cache)
         return self.engine.generate(messages, tools=tools, drafter=self.drafter, **options)
 
     def tool_calls(self, result: Result, dialect: str = "hermes") -> list[ToolCall]:

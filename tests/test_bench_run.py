@@ -346,3 +346,25 @@ def test_sessions_refuse_sets_without_dialogues_and_peers_without_prefix_reuse(t
     (_, two), = load_datasets(BenchConfig(datasets=["apibank"], split="1", sessions=True, limit=2))
     (_, second), = load_datasets(BenchConfig(datasets=["apibank"], split="1", sessions=True, offset=1, limit=1))
     assert len({s.meta["session"] for s in two}) == 2 and {s.id for s in second} < {s.id for s in two}
+
+
+def test_tool_choice_required_decodes_every_method_under_the_call_grammar(tiny_engine, tmp_path):
+    """--tool-choice required: a random model still writes a call of an offered tool (the grammar), for `ar` and
+    the speculative methods alike, token-identical; peers that cannot follow a grammar are refused."""
+    cfg = BenchConfig(datasets=["bfcl"], split="simple_python", methods=["ar", "toolspec", "oracle"],
+                      target="tiny-random", limit=2, max_new_tokens=40, budget=8, out=tmp_path, progress=False,
+                      echo=False, tool_choice="required")
+    bench_run.run_benchmark(cfg, engine=tiny_engine)
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    (_, samples), = load_datasets(cfg)
+    offered = {s.id: {t.name for t in s.tools} for s in samples}
+    assert all(r["identical"] for r in records) and len(records) == 6
+    for r in records:
+        assert '{"name": "' in r["text"] and r["text"].split('{"name": "')[1].split('"')[0] in offered[r["sample_id"]]
+    assert "tool_choice required" in (tmp_path / "report.md").read_text()
+    with pytest.raises(BenchError, match="hf-pld cannot decode under the call grammar"):
+        bench_run.run_benchmark(BenchConfig(datasets=["apibank"], methods=["ar", "hf-pld"], tool_choice="required",
+                                            out=tmp_path, progress=False, echo=False))
+    with pytest.raises(BenchError, match="--tool-choice must be one of auto, required"):
+        bench_run.run_benchmark(BenchConfig(datasets=["apibank"], tool_choice="none", out=tmp_path, progress=False,
+                                            echo=False))

@@ -333,6 +333,9 @@ def test_load_is_the_whole_python_path_and_lossless(smollm2_path, smollm2_engine
     with oospec.load(MODEL, "pld", threads=1) as pipe:
         assert pipe.sidecar is None and pipe.sidecar_report is None
         assert np.array_equal(pipe.generate(CHAT, max_new_tokens=12).tokens, reference.tokens)
+        # The conversation resent (an agent's next turn): its prefix comes from the pipeline's prefix cache.
+        again = pipe.generate(CHAT, max_new_tokens=12)
+        assert again.stats.prompt_tokens_reused > 0 and np.array_equal(again.tokens, reference.tokens)
     assert len(recorded_sidecar) == 1
 
 

@@ -150,3 +150,68 @@ def test_grammar_shape_and_refusals(engine):
         engine.constraint(grammar, "<tool_call>\n{\"name\": \"set_light\"")
     with pytest.raises(GrammarError, match="compile"):
         engine.constraint("start: undefined_rule\n")
+
+
+# -- 100 random schemas and prompts ----------------------------------------------------------------------------
+RANDOM_MAX_NEW = 80  # a call of these schemas fits (the parallel cases run to it)
+WORDS = ("city", "room", "level", "mode", "tag", "unit", "count", "flag", "color", "target", "speed", "name")
+
+
+def random_value_schema(rng, depth: int = 0) -> dict:
+    """A parameter schema whose every value ends within a few tokens (a random model must still finish a call)."""
+    kind = rng.choice(["enum", "boolean", "integer", "string", "array", "object"] if depth == 0 else
+                      ["enum", "boolean", "integer", "string"])
+    if kind == "enum":
+        return {"type": "string", "enum": list(rng.choice(WORDS, int(rng.integers(1, 4)), replace=False))}
+    if kind == "integer":
+        return {"type": "integer", "enum": [int(x) for x in rng.integers(-5, 50, 3)]}
+    if kind == "string":
+        return {"type": "string", "maxLength": 3}
+    if kind == "array":
+        return {"type": "array", "items": {"type": "boolean"}, "maxItems": 2}
+    if kind == "object":
+        return {"type": "object", "additionalProperties": False,  # else any key of any length may come
+                "properties": {w: random_value_schema(rng, 1) for w in rng.choice(WORDS, 2, replace=False)}}
+    return {"type": kind}
+
+
+def random_tools(rng) -> list[dict]:
+    names = rng.choice(["get_" + w for w in WORDS], int(rng.integers(1, 4)), replace=False)
+    tools = []
+    for name in names:
+        keys = list(rng.choice(WORDS, int(rng.integers(1, 4)), replace=False))
+        properties = {k: random_value_schema(rng) for k in keys}
+        tools.append(tool(str(name), properties, [k for k in keys if rng.random() < 0.6]))
+    return tools
+
+
+def test_random_schemas_and_prompts_always_give_a_call_and_speculation_changes_nothing(engine):
+    """100 random tool lists, choices (required or one named function), dialects and prompts: the constrained reply
+    is a call of an allowed function with an object for arguments, and speculative decoding under the same grammar
+    (a random-tree drafter, and toolspec) returns the same tokens."""
+    vocab = len(engine.tokenizer)
+    for case in range(100):
+        rng = np.random.default_rng(1000 + case)
+        tools = random_tools(rng)
+        names = [t["function"]["name"] for t in tools]
+        function = str(rng.choice(names)) if rng.random() < 0.5 else None
+        dialect = get_dialect(str(rng.choice(["hermes", "apibank", "llama3_json"])))
+        forced = forced_call_start(dialect, function)
+        words = " ".join(rng.choice(list(WORDS) + ["please", "now", "7"], 5))
+        prompt = np.concatenate([engine.encode([{"role": "user", "content": words}]),
+                                 engine.tokenizer.encode(forced, add_special_tokens=False)])
+        parallel = case % 4 == 0  # a random model then writes calls until max_new_tokens: those it closed must parse
+        grammar = call_grammar(tools, [function] if function else names, dialect, parallel=parallel,
+                               special_tokens=engine.grammar_vocabulary().special_tokens)
+        plain = engine.generate(prompt_ids=prompt, max_new_tokens=RANDOM_MAX_NEW,
+                                constraint=engine.constraint(grammar, forced))
+        text = forced + engine.tokenizer.decode(plain.tokens, skip_special_tokens=True)
+        where = f"case {case}: {text!r}"
+        assert parallel or plain.generation.finish_reason == "stop", where
+        calls = dialect.parse(text)
+        assert calls and all(c.name in ([function] if function else names) for c in calls), where
+        assert all(isinstance(c.arguments, dict) for c in calls), where
+        drafter = RandomTreeDrafter(vocab, case) if case % 2 else make_drafter("toolspec")
+        spec = engine.generate(prompt_ids=prompt, max_new_tokens=RANDOM_MAX_NEW, drafter=drafter, tools=tools,
+                               dialect=dialect.name, constraint=engine.constraint(grammar, forced))
+        assert np.array_equal(spec.tokens, plain.tokens), where

@@ -273,7 +273,7 @@ def test_readme_benchmarks_with_a_sidecar_run_held_out_items():
         # The items the command selects, as bench run selects them (--offset, --held-out-only, --limit).
         exclude = trained_item_filter(adapter) if args.held_out_only else None
         datasets = load_datasets(BenchConfig(datasets=args.dataset.split(","), split=args.split, limit=args.limit,
-                                             offset=args.offset), exclude=exclude)
+                                             offset=args.offset, sessions=args.sessions), exclude=exclude)
         assert check_trained_items(datasets, adapter, allow=True) == [], f"{where}: `{shlex.join(cmd)}`"
         checked += 1
     assert checked >= 2

@@ -106,3 +106,37 @@ def test_the_drafter_skips_the_job_the_model_rejects_and_says_why_and_always_run
         assert always.sidecar_drafter.report.submitted and always.sidecar_drafter.report.schedule["run"]
     with pytest.raises(ValueError, match="schedule must be one of cost, always"):
         SidecarDrafter(CpuSidecar(guesses), schedule="sometimes")
+
+
+def test_in_a_session_the_job_that_brings_the_sidecar_up_to_date_counts_the_next_turns():
+    """A session's turn the sidecar missed costs it the whole gap once; after that each turn costs only its new
+    tokens. The schedule runs the catching-up job when the next turns' savings pay for it, and only in a session."""
+    def plan_with_steps(step_s):
+        plan = SidecarSchedule(explore=0)
+        for n, s in ((650, 4.0), (80, 0.9), (400, 2.8), (60, 0.8)):
+            plan.job_done(n, s)
+        for _ in range(30):
+            plan.step(step_s)
+        return plan
+
+    turn1, turn2 = _prompt(650), np.concatenate([_prompt(650), _prompt(60, start=7000)])
+    plan = plan_with_steps(0.35)
+    first = plan.decide(turn1, 1, 1)  # a cold request: no session yet
+    assert not first.run
+    second = plan.decide(turn2, 1, 1)  # continues turn 1, which the sidecar never saw: 710 tokens to read
+    assert second.run and second.why == "pays over the session's next turns" and second.new_tokens == 710
+    plan.submitted(turn2)
+    third = plan.decide(np.concatenate([turn2, _prompt(50, start=9000)]), 1, 1)
+    assert third.run and third.why == "pays" and third.new_tokens == 50
+    # The same turn after an unrelated request is not a session: no next turns to count.
+    other = plan_with_steps(0.35)
+    other.decide(_prompt(650, start=20_000), 1, 1)
+    assert not other.decide(turn2, 1, 1).run
+
+
+def test_a_cleared_sidecar_cache_is_read_whole_again():
+    plan = SidecarSchedule()
+    plan.submitted(_prompt(600))
+    assert plan.new_tokens(_prompt(600)) == 0
+    plan.cache_cleared()
+    assert plan.new_tokens(_prompt(600)) == 600

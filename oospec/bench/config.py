@@ -36,6 +36,9 @@ class BenchConfig:
     # Agent sessions: each dialogue's turns replayed in order, every method with its own prefix cache (and its
     # sidecar's) kept across the turns of a session; --offset and --limit then count sessions.
     sessions: bool = False
+    # "required": every reply must call one of the item's tools, decoded under the call grammar (the forced start
+    # appended to the prompt), for `ar` and every method alike; "auto": the model decides, no grammar.
+    tool_choice: str = "auto"
     max_new_tokens: int = 128
     budget: int = 16
     # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see

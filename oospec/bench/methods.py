@@ -22,6 +22,7 @@ from oospec.bench.hf_peers import AssistedPeer, HFPeer, PromptLookupPeer, optimi
 from oospec.errors import did_you_mean
 
 REFERENCE = "ar"
+TOOL_CHOICES = ("auto", "required")
 
 
 @dataclass
@@ -55,12 +56,16 @@ class Shared:
 def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: BenchConfig, prefix_cache=None) -> Run:
     """The one call of Engine.generate in the benchmark: greedy, or sampled with the item's seed."""
     t0 = time.perf_counter()
+    constraint = None
+    if cfg.tool_choice == "required":  # the grammar's cost is the method's: built inside the timed call
+        forced, constraint = engine.forced_call(sample.openai_tools(), sample.dialect)
+        prompt_ids = np.concatenate([prompt_ids, forced])
     # The only sample metadata a drafter sees: gold answers and source files stay out of the request.
     result = engine.generate(sample.messages, prompt_ids=prompt_ids, drafter=drafter, max_new_tokens=max_new_tokens,
                              budget=cfg.budget, tool_schemas=sample.tools, dialect=sample.dialect,
                              tools_in_prompt=sample.meta.get("tools_in_prompt"), temperature=cfg.temperature,
                              top_p=cfg.top_p, top_k=cfg.top_k, seed=item_seed(cfg, sample.dataset, sample.id),
-                             prefix_cache=prefix_cache)
+                             prefix_cache=prefix_cache, constraint=constraint)
     e2e = time.perf_counter() - t0
     st = result.stats
     return Run(result.tokens.astype(np.int64), {
@@ -81,7 +86,9 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
 class BenchMethod:
     uses_sidecar = False
     greedy_only = False  # cannot sample with the run's per-item seed (so cannot match `ar` when sampling)
-    reuses_prefixes = True  # False: a peer that cannot start from a prefix cache (refused in a session run)
+    # False: a peer decoding with transformers' own generate, where neither a session's prefix cache nor the call
+    # grammar applies (refused in such runs)
+    through_engine = True
 
     def __init__(self, name: str, shared: Shared):
         self.name = name
@@ -189,6 +196,11 @@ class SidecarMethod(EngineMethod):
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
         self.threads = shared.cores.target
+        from oospec.drafters.sidecar_schedule import SidecarSchedule
+
+        # One schedule for the whole run, warm-up included, as a server keeps one for its life: what it measured
+        # on the first request (the warm-up) decides the later ones.
+        self.plan = SidecarSchedule()
 
     @property
     def cores(self) -> str:
@@ -202,18 +214,21 @@ class SidecarMethod(EngineMethod):
         from oospec.drafters import make_drafter
 
         options = {"wait_s": self.wait_s} if self.wait_s else {}
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, **options)
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, plan=self.plan,
+                            **options)
 
     def start_session(self, reuse_prefixes: bool) -> None:
         super().start_session(reuse_prefixes)
         if reuse_prefixes:  # the sidecar's cache holds another method's turns of this session: start it cold
             self.shared.sidecar.clear_cache()
+            self.plan.cache_cleared()
             self.shared.sidecar_last_item = None
 
     def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
         item = (sample.dataset, sample.id)
         if self.shared.sidecar_last_item == item:
             self.shared.sidecar.clear_cache()
+            self.plan.cache_cleared()
         self.shared.sidecar_last_item = item
         run = super().run(sample, prompt_ids, reference, max_new_tokens)
         report = self.drafter.report.as_dict()
@@ -241,7 +256,8 @@ class OoOSpecOwnCoresMethod(SidecarMethod):
     def make_drafter(self):
         from oospec.drafters import make_drafter
 
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False, schedule="always")
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False, schedule="always",
+                            plan=self.plan)
 
 
 class OoOSpecWaitMethod(SidecarMethod):
@@ -257,7 +273,7 @@ class HFMethod(BenchMethod):
     """A Hugging Face peer, timed end to end; its decode time is that minus `ar`'s prefill on the sample."""
 
     greedy_only = True  # HF samples with its own generator: its tokens could not be compared with `ar`'s
-    reuses_prefixes = False
+    through_engine = False
 
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
@@ -349,9 +365,19 @@ def check_methods_sample(names: list[str], temperature: float) -> None:
                          f"--temperature {temperature:g}")
 
 
+def check_tool_choice(names: list[str], tool_choice: str) -> None:
+    """Refuse, before any model loads, a tool choice the benchmark does not know or a peer that cannot follow it."""
+    if tool_choice not in TOOL_CHOICES:
+        raise BenchError(f"--tool-choice must be one of {', '.join(TOOL_CHOICES)}, got {tool_choice!r}")
+    peers = [m for m in names if not method_class(m).through_engine]
+    if tool_choice != "auto" and peers:
+        raise BenchError(f"{', '.join(peers)} cannot decode under the call grammar: leave them out of a "
+                         f"--tool-choice {tool_choice} run")
+
+
 def check_methods_sessions(names: list[str], sessions: bool) -> None:
     """Refuse, before any model loads, a method that cannot reuse a session's prefixes."""
-    cold = [m for m in names if not method_class(m).reuses_prefixes]
+    cold = [m for m in names if not method_class(m).through_engine]
     if sessions and cold:
         raise BenchError(f"{', '.join(cold)} cannot reuse a session's prefixes: leave them out of a --sessions run")
 

@@ -26,7 +26,8 @@ import numpy as np
 from oospec.bench.config import (BenchConfig, BenchError, Cores, check_sampling, default_out_dir, load_datasets,
                                  plan_cores)
 from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods,
-                                  check_methods_sample, check_methods_sessions, parse_methods, uses_sidecar)
+                                  check_methods_sample, check_methods_sessions, check_tool_choice,
+                                  parse_methods, uses_sidecar)
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
                                  summarize_sidecar, summarize_turns, to_json)
 from oospec.models.cpu_features import drafter_dtype
@@ -68,6 +69,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         check_sampling(cfg)
         check_methods_sample(names, cfg.temperature)
         check_methods_sessions(names, cfg.sessions)
+        check_tool_choice(names, cfg.tool_choice)
         if cfg.budget < 1 or cfg.max_new_tokens < 1:
             raise BenchError("--budget and --max-new-tokens must be at least 1")
         with_sidecar = any(uses_sidecar(m) for m in names)
@@ -296,7 +298,8 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "methods": names,
         "datasets": [label for label, _ in datasets],
         "items": {label: [s.id for s in samples] for label, samples in datasets},
-        "mode": "sessions (turn by turn, prefix reuse per method)" if cfg.sessions else "cold single requests",
+        "mode": ("sessions (turn by turn, prefix reuse per method)" if cfg.sessions else "cold single requests")
+        + ("; tool_choice required: every reply decoded under the call grammar" if cfg.tool_choice != "auto" else ""),
         "eos_ids": sorted(int(i) for i in engine.eos_ids),
         "started": _dt.datetime.now().isoformat(timespec="seconds"),
     }

@@ -59,7 +59,7 @@ def cmd_bench_run(args) -> None:
     run_benchmark(BenchConfig(
         datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
         methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
-        offset=args.offset, held_out_only=args.held_out_only, sessions=args.sessions,
+        offset=args.offset, held_out_only=args.held_out_only, sessions=args.sessions, tool_choice=args.tool_choice,
         items=[i.strip() for i in (args.items or "").split(",") if i.strip()],
         secondary_baseline=not args.no_secondary_baseline,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
@@ -121,6 +121,9 @@ def add_bench_parser(sub) -> None:
                    help="agent sessions: each dialogue replayed turn by turn, every method reusing its own prefix "
                         "cache (target and sidecar) across a session's turns; --limit/--offset count sessions "
                         "(API-Bank level 1)")
+    p.add_argument("--tool-choice", default="auto", choices=("auto", "required"),
+                   help="required: every reply must call one of the item's tools, decoded under the call grammar "
+                        "(llguidance), ar and every method alike")
     p.add_argument("--no-secondary-baseline", action="store_true",
                    help="skip ar at the target's share of the cores beside sidecar methods (the secondary column)")
     add_max_new_tokens_option(p)

@@ -103,14 +103,14 @@ class SidecarDrafter(Drafter):
 
     def __init__(self, sidecar=None, schema: SchemaDrafter | None = None, max_tokens: int = 96,
                  confidence: float = 0.9, alternative_confidence: float = 0.35, wait_s: float = 0.0,
-                 schedule: str = "cost"):
+                 schedule: str = "cost", plan: SidecarSchedule | None = None):
         if schedule not in self.SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(self.SCHEDULES)}, got {schedule!r}")
         self.sidecar = sidecar  # a SidecarClient (or anything with submit/poll)
         # "cost": a request's job runs only where the cost model expects it to pay (sidecar_schedule);
         # "always": every request's (what a benchmark compares against).
         self.schedule = schedule
-        self.plan = SidecarSchedule()
+        self.plan = plan if plan is not None else SidecarSchedule()  # what this machine measured, kept across requests
         # > 0: at its first draft the target waits up to this long for the payload. Benchmarks use it to
         # measure what hints that are always in time give (a sidecar on its own accelerator); serving never should.
         self.wait_s = wait_s
@@ -426,12 +426,13 @@ class OoOSpecDrafter(MergedDrafter):
     name = "oospec"
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
-                 wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost"):
+                 wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost",
+                 plan: SidecarSchedule | None = None):
         # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
         # before the give-back; benchmarks compare the two in one run).
         self.lend_threads = lend_threads
         schema = SchemaDrafter()
-        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s, schedule=schedule)
+        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s, schedule=schedule, plan=plan)
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
 
     @property

@@ -11,7 +11,8 @@ Every quantity is measured as the drafter serves requests: W = a + b * n from th
 prompt tokens the sidecar has not cached, which an agent's next turn keeps small), L from the calls written,
 s from the decode steps, the two taus from requests with and without hints in time. Until measured, each takes
 its value from PRIORS (measured once on a 2-core AMD EPYC, Qwen2.5-Coder-1.5B target, 0.5B sidecar). The first
-`explore` jobs always run, so that the sidecar's own speed on this machine is measured.
+`explore` jobs always run, so that the sidecar's own speed on this machine is measured; the schedule lives as long
+as whoever serves the requests (a drafter, a server, a benchmark's method), not one request.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Priors:
     step_s: float = 0.15  # s: one decode step of the target
     tau_without: float = 4.3  # toolspec's drafts alone
     tau_with: float = 9.0  # with the hints in time
+    turns_ahead: float = 2.0  # the further turns an agent session is expected to have
     weight: float = 2.0  # pseudo-observations each prior counts for
 
 
@@ -92,7 +94,7 @@ class Decision:
     new_tokens: int  # prompt tokens the sidecar would read that it has not cached
     job_s: float  # W
     cost_s: float  # the target's expected slow-down
-    gain_s: float  # the expected saving
+    gain_s: float  # the expected saving (with the session's next turns, when the job brings the sidecar up to date)
 
     def as_dict(self) -> dict:
         return {"run": self.run, "why": self.why, "new_tokens": self.new_tokens, "job_s": round(self.job_s, 3),
@@ -102,7 +104,7 @@ class Decision:
 class SidecarSchedule:
     """Decides per request whether the sidecar's job runs (`decide`), and learns from what each request shows."""
 
-    def __init__(self, priors: Priors = PRIORS, explore: int = 2):
+    def __init__(self, priors: Priors = PRIORS, explore: int = 1):
         self.priors = priors
         self.explore = explore
         self.job = JobCost(priors)
@@ -111,6 +113,7 @@ class SidecarSchedule:
         self.tau_without = Running(priors.tau_without, priors.weight)
         self.tau_with = Running(priors.tau_with, priors.weight)
         self._last_prompt: np.ndarray | None = None  # the prompt of the sidecar's last job (its cache holds it)
+        self._last_request: np.ndarray | None = None  # the prompt of the last request, job or not
 
     def new_tokens(self, prompt_ids: np.ndarray) -> int:
         """The prompt tokens the sidecar would have to read: those after what it shares with the last job's."""
@@ -119,24 +122,47 @@ class SidecarSchedule:
         return int(prompt_ids.size) - common_prefix_length([prompt_ids, self._last_prompt])
 
     def decide(self, prompt_ids: np.ndarray, target_threads: int, sidecar_threads: int) -> Decision:
-        """`sidecar_threads`: the CPU threads the sidecar takes from the target while it works (0: its own device)."""
+        """`sidecar_threads`: the CPU threads the sidecar takes from the target while it works (0: its own device).
+
+        In an agent session (this prompt continues the last request's) a job also brings the sidecar's cache up to
+        date, so that the session's next turns cost it only their new tokens: their net saving counts too."""
         n = self.new_tokens(prompt_ids)
+        share = sidecar_threads / max(1, target_threads + sidecar_threads)
         job_s = self.job.seconds(n)
-        cost = job_s * sidecar_threads / max(1, target_threads + sidecar_threads)
+        cost = job_s * share
         spared = self.call_tokens.value * max(0.0, 1 / self.tau_without.value - 1 / self.tau_with.value)
         gain = spared * self.step_s.value
+        turn_tokens = self.turn_tokens(prompt_ids)  # what a turn adds, when this one continues the last request
+        self._last_request = np.asarray(prompt_ids)
+        ahead = 0.0
+        if turn_tokens is not None and n > turn_tokens:  # a session whose earlier turns the sidecar missed
+            ahead = self.priors.turns_ahead * max(0.0, gain - self.job.seconds(turn_tokens) * share)
         if sidecar_threads == 0:
             why, run = "own device", True
         elif len(self.job.obs) < self.explore:
             why, run = "exploring", True
         else:
-            run = gain > cost
-            why = "pays" if run else "costs more than it saves"
-        return Decision(run, why, n, job_s, cost, gain)
+            run = gain + ahead > cost
+            why = ("pays" if gain > cost else "pays over the session's next turns") if run \
+                else "costs more than it saves"
+        return Decision(run, why, n, job_s, cost, gain + ahead)
+
+    def turn_tokens(self, prompt_ids: np.ndarray) -> int | None:
+        """The tokens this prompt adds to the last request's, when it continues it (shares at least half of it:
+        an agent's next turn); None otherwise."""
+        last = self._last_request
+        if last is None:
+            return None
+        shared = common_prefix_length([prompt_ids, last])
+        return int(prompt_ids.size) - shared if shared >= max(1, last.size // 2) else None
 
     # -- learning --------------------------------------------------------------------------------------------
     def submitted(self, prompt_ids: np.ndarray) -> None:
         self._last_prompt = np.asarray(prompt_ids)
+
+    def cache_cleared(self) -> None:
+        """The sidecar dropped its cache (SidecarClient.clear_cache): its next job reads its whole prompt."""
+        self._last_prompt = None
 
     def job_done(self, new_tokens: int, compute_s: float) -> None:
         self.job.add(new_tokens, compute_s)

@@ -17,7 +17,9 @@ from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
 from oospec.engine.target import PREFILL_CHUNK, TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
+from oospec.tools.call_grammar import call_grammar, forced_call_start
 from oospec.tools.chat_text import ClientText
+from oospec.tools.dialects import get_dialect
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -111,6 +113,19 @@ class Engine:
         """One request's grammar (Lark text, e.g. oospec.tools.call_grammar), to pass to `generate`; the prompt
         already ends with `forced_text`, which the grammar must accept. GrammarError when it cannot be used."""
         return GrammarConstraint(self.grammar_vocabulary(), grammar, forced_text)
+
+    def forced_call(self, tools: list[dict], dialect: str = "hermes", function: str | None = None,
+                    parallel: bool = True) -> tuple[np.ndarray, GrammarConstraint]:
+        """A reply that must call `function` (None: any of `tools`, OpenAI tool specs): (the token ids of its forced
+        start, to append to the prompt; the grammar the rest is decoded under). What tool_choice "required" or a
+        named function means, for the library and benchmarks as for the server."""
+        spoken = get_dialect(dialect)
+        forced = forced_call_start(spoken, function)
+        names = [function] if function is not None else [t["function"]["name"] for t in tools]
+        grammar = call_grammar(tools, names, spoken, parallel=parallel,
+                               special_tokens=self.grammar_vocabulary().special_tokens)
+        ids = np.asarray(self.tokenizer.encode(forced, add_special_tokens=False), dtype=np.int64)
+        return ids, self.constraint(grammar, forced)
 
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
         """Render chat messages (and tools) with the model's chat template into prompt token ids. Control-token

@@ -116,7 +116,8 @@ class BatchDrafter:
 
     def _start(self, row: Row) -> Drafter:
         if self.sidecar is not None:
-            drafter = OoOSpecDrafter(self.sidecar, memory=self.memory, cost=self.cost)
+            # The sidecar has cores vLLM's worker does not use (sidecar.py): its jobs take nothing from the target.
+            drafter = OoOSpecDrafter(self.sidecar, memory=self.memory, cost=self.cost, schedule="always")
         else:
             drafter = ToolSpecDrafter(memory=self.memory, cost=self.cost)
         schema = drafter.parts[0]
