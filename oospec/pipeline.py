@@ -154,7 +154,14 @@ def check_template_renders_tools(engine: Engine, messages: list[dict], tools: li
 
 def sidecar_lines(report) -> list[str]:
     """A SidecarReport in words: what the sidecar predicted, how sure it was and when its payload arrived."""
-    if report is None or not report.submitted:
+    if report is None:
+        return []
+    plan = report.schedule
+    if not report.submitted:
+        if plan and not plan["run"]:
+            return [f"sidecar not asked: its job ({plan['new_tokens']} new prompt tokens, ~{plan['job_s']:.1f} s) would "
+                    f"cost the target ~{plan['cost_s']:.1f} s of prefill for ~{plan['gain_s']:.1f} s of decoding saved "
+                    f"(the cost model, oospec.drafters.sidecar_schedule); drafted as toolspec"]
         return []
     if report.function:
         when = ("before the target's first decode step" if report.tokens_written_at_arrival == 1

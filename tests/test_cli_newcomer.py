@@ -318,6 +318,9 @@ def test_sidecar_report_in_words():
     assert "get_weather({'city': 'Paris'})" in text and "0.97" in text and "before the target's first decode" in text
     assert "no payload" in sidecar_lines(SidecarReport(submitted=True, fault="crashed"))[0]
     assert sidecar_lines(SidecarReport()) == []  # nothing was asked of the sidecar
+    skipped = SidecarReport(schedule={"run": False, "why": "costs more than it saves", "new_tokens": 650,
+                                      "job_s": 6.0, "cost_s": 3.0, "gain_s": 1.4})
+    assert "not asked" in sidecar_lines(skipped)[0] and "~3.0 s of prefill" in sidecar_lines(skipped)[0]
 
 
 def test_load_is_the_whole_python_path_and_lossless(smollm2_path, smollm2_engine, recorded_sidecar):
