@@ -125,10 +125,19 @@ def test_cli_rejects_unknown_method(capsys):
     assert "unknown method" in capsys.readouterr().err
 
 
-def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path):
+def always_send_sidecar_jobs(monkeypatch):
+    """A tiny model's decode steps take milliseconds, so the cost model (rightly) sends no job to a CPU sidecar:
+    tests of the sidecar's path through the benchmark have `oospec` send every one."""
+    from oospec.bench.methods import OoOSpecMethod
+
+    monkeypatch.setattr(OoOSpecMethod, "schedule", "always")
+
+
+def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path, monkeypatch):
     """`oospec` in the benchmark: a sidecar process (a scripted one here), cores per method, sidecar table."""
     from oospec.sidecar import SidecarClient
 
+    always_send_sidecar_jobs(monkeypatch)
     cfg = BenchConfig(datasets=["apibank"], methods=["ar", "toolspec", "oospec", "oospec-wait", "ar-all-cores"],
                       target="tiny-random", limit=2, max_new_tokens=24, budget=8, out=tmp_path, progress=False,
                       echo=False, threads=1)
@@ -209,9 +218,10 @@ def test_trained_items_are_refused_before_any_model_loads(tmp_path):
     assert bench_run.check_trained_items(_apibank(1), None, allow=False) == []
 
 
-def test_allowed_trained_items_digest_and_fresh_sidecar_cache(tiny_engine, tmp_path, capsys):
+def test_allowed_trained_items_digest_and_fresh_sidecar_cache(tiny_engine, tmp_path, capsys, monkeypatch):
     from oospec.sidecar import SidecarClient
 
+    always_send_sidecar_jobs(monkeypatch)
     datasets = _apibank(2)
     first = datasets[0][1][0]
     folder = _adapter(tmp_path, train_items=[first.id])
