@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         if pipe is not None:
             pipe.close()
     for m in conversation:
-        print(f"{m['role']:9}", m.get("content") or json.dumps([c["function"] for c in m.get("tool_calls", [])]))
+        calls = [c["function"] for c in m.get("tool_calls") or ()]
+        print(f"{m['role']:9}", json.dumps(calls) if calls else repr(m.get("content") or ""))
     return conversation
 
 
