@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 from oospec.datasets import load_dataset
+from oospec.engine.threads import torch_threads
 from oospec.models.registry import DEFAULT_BUDGET
 from oospec.pipeline import Pipeline, load, sidecar_lines
 from oospec.sidecar.process import SidecarSettings
@@ -52,7 +51,7 @@ def _demo(console, pipe: Pipeline, model, method, sample_index, warmup_samples, 
     cores = pipe.threads + ((pipe.sidecar.threads or 0) if on_cpu else 0)
     for name, how in (("ar", None), (method, drafter)):
         console.print(f"[dim]decoding with {name}" + (f" on {cores} cores" if how is None else "") + "...[/]")
-        with threads_set(cores if how is None else pipe.threads):
+        with torch_threads(cores if how is None else pipe.threads):
             results[name] = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
                                             dialect=sample.dialect, drafter=how, max_new_tokens=max_new_tokens,
                                             budget=pipe.budget)
@@ -73,19 +72,6 @@ def _demo(console, pipe: Pipeline, model, method, sample_index, warmup_samples, 
         for line in lines:
             console.print(line, markup=False)
     return identical
-
-
-@contextmanager
-def threads_set(n: int):
-    """Torch threads `n` for a block, the count before restored after."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def results_table(results: dict, title: str) -> Table:

@@ -89,6 +89,7 @@ class BenchMethod:
     # False: a peer decoding with transformers' own generate, where neither a session's prefix cache nor the call
     # grammar applies (refused in such runs)
     through_engine = True
+    prefix_cache = None  # a session's PrefixCache: the KV of this method's own earlier turns
 
     def __init__(self, name: str, shared: Shared):
         self.name = name
@@ -103,8 +104,6 @@ class BenchMethod:
     def cpu_threads(self) -> int:
         """Every CPU thread this method uses (the target's, and its sidecar's)."""
         return self.threads
-
-    prefix_cache = None  # a session's PrefixCache: the KV of this method's own earlier turns
 
     def start(self) -> None:
         pass
@@ -252,12 +251,13 @@ class OoOSpecOwnCoresMethod(SidecarMethod):
     """`oospec` whose target never borrows the idle sidecar's threads: the method before the give-back."""
 
     drafter_name = "oospec"
+    schedule = "always"
 
     def make_drafter(self):
         from oospec.drafters import make_drafter
 
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False, schedule="always",
-                            plan=self.plan)
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False,
+                            schedule=self.schedule, plan=self.plan)
 
 
 class OoOSpecWaitMethod(SidecarMethod):
@@ -365,21 +365,17 @@ def check_methods_sample(names: list[str], temperature: float) -> None:
                          f"--temperature {temperature:g}")
 
 
-def check_tool_choice(names: list[str], tool_choice: str) -> None:
-    """Refuse, before any model loads, a tool choice the benchmark does not know or a peer that cannot follow it."""
+def check_engine_features(names: list[str], sessions: bool, tool_choice: str) -> None:
+    """Refuse, before any model loads, an unknown tool choice, and peers in a run that needs what only our engine
+    does (a session's prefix cache, the call grammar)."""
     if tool_choice not in TOOL_CHOICES:
         raise BenchError(f"--tool-choice must be one of {', '.join(TOOL_CHOICES)}, got {tool_choice!r}")
-    peers = [m for m in names if not method_class(m).through_engine]
-    if tool_choice != "auto" and peers:
-        raise BenchError(f"{', '.join(peers)} cannot decode under the call grammar: leave them out of a "
-                         f"--tool-choice {tool_choice} run")
-
-
-def check_methods_sessions(names: list[str], sessions: bool) -> None:
-    """Refuse, before any model loads, a method that cannot reuse a session's prefixes."""
-    cold = [m for m in names if not method_class(m).through_engine]
-    if sessions and cold:
-        raise BenchError(f"{', '.join(cold)} cannot reuse a session's prefixes: leave them out of a --sessions run")
+    peers = ", ".join(m for m in names if not method_class(m).through_engine)
+    if peers and sessions:
+        raise BenchError(f"{peers} cannot reuse a session's prefixes: leave them out of a --sessions run")
+    if peers and tool_choice != "auto":
+        raise BenchError(f"{peers} cannot decode under the call grammar: leave them out of a --tool-choice "
+                         f"{tool_choice} run")
 
 
 def build_methods(names: list[str], shared: Shared) -> list[BenchMethod]:

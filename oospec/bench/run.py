@@ -26,32 +26,13 @@ import numpy as np
 from oospec.bench.config import (BenchConfig, BenchError, Cores, check_sampling, default_out_dir, load_datasets,
                                  plan_cores)
 from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods,
-                                  check_methods_sample, check_methods_sessions, check_tool_choice,
-                                  parse_methods, uses_sidecar)
+                                  check_methods_sample, check_engine_features, parse_methods, uses_sidecar)
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
                                  summarize_sidecar, summarize_turns, to_json)
+from oospec.engine.threads import torch_threads
 from oospec.models.cpu_features import drafter_dtype
 
 log = logging.getLogger("oospec.bench")
-
-
-class torch_threads:
-    """Run a block with this many torch threads (None: unchanged); the count before is restored after."""
-
-    def __init__(self, n: int | None):
-        self.n = n
-
-    def __enter__(self):
-        import torch
-
-        self.before = torch.get_num_threads()
-        if self.n:
-            torch.set_num_threads(self.n)
-
-    def __exit__(self, *exc):
-        import torch
-
-        torch.set_num_threads(self.before)
 
 
 def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assistant_tokenizer=None,
@@ -68,8 +49,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         names = parse_methods(cfg.methods)
         check_sampling(cfg)
         check_methods_sample(names, cfg.temperature)
-        check_methods_sessions(names, cfg.sessions)
-        check_tool_choice(names, cfg.tool_choice)
+        check_engine_features(names, cfg.sessions, cfg.tool_choice)
         if cfg.budget < 1 or cfg.max_new_tokens < 1:
             raise BenchError("--budget and --max-new-tokens must be at least 1")
         with_sidecar = any(uses_sidecar(m) for m in names)

@@ -162,8 +162,10 @@ class SidecarDrafter(Drafter):
                        openers=list(dict.fromkeys(habits.openers + list(dialect.openers))))
         prompt = np.asarray(request.prompt_ids)
         decision = self.plan.decide(prompt, torch.get_num_threads(), self.sidecar_cpu_threads())
-        self.report.schedule = {**decision.as_dict(), "run": decision.run or self.schedule == "always"}
-        if not self.report.schedule["run"]:
+        if self.schedule == "always":
+            decision = replace(decision, run=True, why="always")
+        self.report.schedule = decision.as_dict()
+        if not decision.run:
             return  # drafts as toolspec: the target keeps every core
         self.submitted_at = time.time()
         self.ticket = self.sidecar.submit(self.job, tools)

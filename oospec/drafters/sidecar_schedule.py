@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from oospec.engine.budget import PriorMean
 from oospec.engine.prefix_cache import common_prefix_length
 
 
@@ -42,29 +43,14 @@ PRIORS = Priors()
 TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (API-Bank prompts: 500-1000)
 
 
-class Running:
-    """A mean that starts at a prior worth `weight` observations."""
-
-    def __init__(self, prior: float, weight: float):
-        self.total, self.count = prior * weight, weight
-
-    def add(self, x: float) -> None:
-        self.total += x
-        self.count += 1
-
-    @property
-    def value(self) -> float:
-        return self.total / self.count
-
-
 class JobCost:
     """W = a + b * n, fitted by least squares to the jobs seen, pulled towards the priors (ridge)."""
+
+    MAX_OBS = 64
 
     def __init__(self, priors: Priors):
         self.priors = priors
         self.obs: list[tuple[float, float]] = []  # (n, seconds), the most recent MAX_OBS
-
-    MAX_OBS = 64
 
     def add(self, new_tokens: int, seconds: float) -> None:
         self.obs = [*self.obs, (float(new_tokens), float(seconds))][-self.MAX_OBS:]
@@ -90,7 +76,8 @@ class JobCost:
 @dataclass
 class Decision:
     run: bool
-    why: str  # "own device", "exploring", "pays", "costs more than it saves"
+    why: str  # "own device", "exploring", "pays", "pays over the session's next turns", "costs more than it
+    # saves"; "always" where the drafter sends every job
     new_tokens: int  # prompt tokens the sidecar would read that it has not cached
     job_s: float  # W
     cost_s: float  # the target's expected slow-down
@@ -108,10 +95,10 @@ class SidecarSchedule:
         self.priors = priors
         self.explore = explore
         self.job = JobCost(priors)
-        self.call_tokens = Running(priors.call_tokens, priors.weight)
-        self.step_s = Running(priors.step_s, priors.weight)
-        self.tau_without = Running(priors.tau_without, priors.weight)
-        self.tau_with = Running(priors.tau_with, priors.weight)
+        self.call_tokens = PriorMean(priors.call_tokens, priors.weight)
+        self.step_s = PriorMean(priors.step_s, priors.weight)
+        self.tau_without = PriorMean(priors.tau_without, priors.weight)
+        self.tau_with = PriorMean(priors.tau_with, priors.weight)
         self._last_prompt: np.ndarray | None = None  # the prompt of the sidecar's last job (its cache holds it)
         self._last_request: np.ndarray | None = None  # the prompt of the last request, job or not
 

@@ -61,7 +61,23 @@ def default_cost_model() -> CostModel:
     return CostModel.from_curve(ONE_THREAD_CPU_CURVE if torch.get_num_threads() == 1 else DEFAULT_CPU_CURVE)
 
 
-class SampledAcceptance:
+class PriorMean:
+    """A running mean that starts at `prior`, worth `prior_weight` observations."""
+
+    def __init__(self, prior: float, prior_weight: float = 1.0):
+        self.total = prior * prior_weight
+        self.count = prior_weight
+
+    def add(self, x: float) -> None:
+        self.total += x
+        self.count += 1.0
+
+    @property
+    def value(self) -> float:
+        return self.total / self.count
+
+
+class SampledAcceptance(PriorMean):
     """How much likelier a draft is rejected when sampling than when greedy, learnt during one request.
 
     Drafters weigh their tokens as guesses of the target's greedy choice. When sampling, the target's most
@@ -72,15 +88,8 @@ class SampledAcceptance:
     draws of the step it shapes, so sampling stays exact (oospec.engine.speculative_sampling)."""
 
     def __init__(self, prior: float = 1.0, prior_weight: float = 1.0):
-        self.total = prior * prior_weight
-        self.count = prior_weight
+        super().__init__(prior, prior_weight)
 
-    def observe(self, peak: float) -> None:
-        """The probability of the most likely token at one verified position."""
-        self.total += peak
-        self.count += 1.0
-
-    @property
-    def discount(self) -> float:
-        return self.total / self.count
+    observe = PriorMean.add  # the probability of the most likely token at one verified position
+    discount = PriorMean.value
 

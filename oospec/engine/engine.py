@@ -19,7 +19,7 @@ from oospec.engine.target import PREFILL_CHUNK, TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
 from oospec.tools.call_grammar import call_grammar, forced_call_start
 from oospec.tools.chat_text import ClientText
-from oospec.tools.dialects import get_dialect
+from oospec.tools.dialects import Dialect, get_dialect
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -114,18 +114,23 @@ class Engine:
         already ends with `forced_text`, which the grammar must accept. GrammarError when it cannot be used."""
         return GrammarConstraint(self.grammar_vocabulary(), grammar, forced_text)
 
-    def forced_call(self, tools: list[dict], dialect: str = "hermes", function: str | None = None,
-                    parallel: bool = True) -> tuple[np.ndarray, GrammarConstraint]:
-        """A reply that must call `function` (None: any of `tools`, OpenAI tool specs): (the token ids of its forced
-        start, to append to the prompt; the grammar the rest is decoded under). What tool_choice "required" or a
-        named function means, for the library and benchmarks as for the server."""
+    def call_constraint(self, tools: list[dict], dialect: str | Dialect = "hermes", function: str | None = None,
+                        parallel: bool = True) -> GrammarConstraint:
+        """The grammar of a reply that must call `function` (None: any of `tools`, OpenAI tool specs), its forced
+        start (`forced_call_start`) already in the prompt: what tool_choice "required" or a named function means,
+        for the server, the library and benchmarks alike. GrammarError when the tools make no grammar."""
         spoken = get_dialect(dialect)
-        forced = forced_call_start(spoken, function)
         names = [function] if function is not None else [t["function"]["name"] for t in tools]
         grammar = call_grammar(tools, names, spoken, parallel=parallel,
                                special_tokens=self.grammar_vocabulary().special_tokens)
+        return self.constraint(grammar, forced_call_start(spoken, function))
+
+    def forced_call(self, tools: list[dict], dialect: str | Dialect = "hermes", function: str | None = None,
+                    parallel: bool = True) -> tuple[np.ndarray, GrammarConstraint]:
+        """(the token ids of the forced start, to append to a prompt; `call_constraint`) of a reply that must call."""
+        forced = forced_call_start(get_dialect(dialect), function)
         ids = np.asarray(self.tokenizer.encode(forced, add_special_tokens=False), dtype=np.int64)
-        return ids, self.constraint(grammar, forced)
+        return ids, self.call_constraint(tools, dialect, function, parallel)
 
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
         """Render chat messages (and tools) with the model's chat template into prompt token ids. Control-token

@@ -34,3 +34,18 @@ class ThreadShare:
         if self.current != self.own:
             torch.set_num_threads(self.own)
             self.current = self.own
+
+
+class torch_threads:
+    """Run a block with this many torch threads (None: unchanged); the count before is restored after."""
+
+    def __init__(self, n: int | None):
+        self.n = n
+
+    def __enter__(self):
+        self.before = torch.get_num_threads()
+        if self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc):
+        torch.set_num_threads(self.before)

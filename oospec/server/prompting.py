@@ -30,7 +30,7 @@ from oospec.engine.engine import render_chat, validate_messages
 from oospec.errors import InvalidMessagesError
 from oospec.server.errors import bad_request
 from oospec.server.schemas import ChatRequest
-from oospec.tools.call_grammar import call_grammar, forced_call_start
+from oospec.tools.call_grammar import forced_call_start
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import Dialect, ToolCall, get_dialect
 from oospec.tools.render import to_json
@@ -89,11 +89,9 @@ def call_constraint(engine, req: ChatRequest, prompt: Prompt) -> GrammarConstrai
     without one), or a 400 when the tools' parameters cannot be compiled into one."""
     if req.tool_choice not in ("required", "function") or not prompt.dialect.openers:
         return None
-    names = [req.forced_function] if req.tool_choice == "function" else req.tool_names
+    function = req.forced_function if req.tool_choice == "function" else None
     try:
-        grammar = call_grammar(req.tools or [], names, prompt.dialect, parallel=req.parallel_tool_calls,
-                               special_tokens=engine.grammar_vocabulary().special_tokens)
-        return engine.constraint(grammar, prompt.forced_text)
+        return engine.call_constraint(req.tools or [], prompt.dialect, function, parallel=req.parallel_tool_calls)
     except GrammarError as exc:
         raise bad_request(f"tool_choice {req.tool_choice!r} needs the tools' parameters as a grammar, and they do "
                           f"not make one: {exc}", "tools") from None
