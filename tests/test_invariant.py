@@ -223,3 +223,43 @@ def test_auto_dtype_probes_once_then_reads_the_verdict(smollm2_path, home, monke
     monkeypatch.setattr(cpu_features, "this_cpu_flags", lambda: frozenset({"avx2"}))
     model, _, note = precision.load_target(smollm2_path, dtype="auto", say=lines.append)
     assert next(model.parameters()).dtype == torch.float32 and "no native bfloat16" in note
+
+
+def test_a_finished_build_loads_past_a_lock_left_by_a_killed_process(cxx, tmp_path, monkeypatch):
+    # A Ctrl-C while torch's cpp_extension held the build lock used to leave every later load waiting forever.
+    import shutil
+    import threading
+    from pathlib import Path
+
+    from oospec.engine import kernels
+
+    key = kernels.build_key()
+    folder = tmp_path / key
+    folder.mkdir()
+    shutil.copy(Path(cxx.__file__), folder / f"oospec_invariant_{key}.so")
+    (folder / "lock").touch()
+    monkeypatch.setenv("OOSPEC_KERNELS_DIR", str(tmp_path))
+    loaded = []
+    worker = threading.Thread(target=lambda: loaded.append(kernels.native.__wrapped__()), daemon=True)
+    worker.start()
+    worker.join(timeout=60)
+    assert loaded and loaded[0] is not None, "the finished build was not loaded within 60 s"
+    x, w = torch.randn(3, 40), torch.randn(5, 40)
+    assert torch.equal(loaded[0].linear(x, w, None), cxx.linear(x, w, None))
+
+
+def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
+    import os
+    import time
+
+    from oospec.engine.kernels import STALE_LOCK_S, _clear_stale_lock
+
+    fresh, stale = tmp_path / "fresh", tmp_path / "stale"
+    fresh.touch()
+    stale.touch()
+    old = time.time() - STALE_LOCK_S - 5
+    os.utime(stale, (old, old))
+    _clear_stale_lock(fresh)
+    _clear_stale_lock(stale)
+    _clear_stale_lock(tmp_path / "absent")
+    assert fresh.exists() and not stale.exists()

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import os
 import sys
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -73,10 +74,53 @@ def native():
             os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
         key = build_key()
         folder = build_dir() / key
+        name = f"oospec_invariant_{key}"
+        built = _load_built(folder / f"{name}.so", name)
+        if built is not None:
+            return built
         folder.mkdir(parents=True, exist_ok=True)
-        return load(name=f"oospec_invariant_{key}", sources=[str(SOURCE)], build_directory=str(folder),
+        _clear_stale_lock(folder / "lock")
+        return load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
                     extra_cflags=list(_BASE_FLAGS + isa_flags()), extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the pure-torch kernels take over
         log.warning("oospec: the C++ invariant kernels could not be built (%s: %s); using the slower "
                     "pure-torch kernels, which give the same guarantee", type(exc).__name__, str(exc)[:300])
         return None
+
+
+# A build takes ~1 min; a lock older than this was left by a process killed while it held it.
+STALE_LOCK_S = 600
+
+
+def _load_built(path: Path, name: str):
+    """The module of a finished build, imported directly (None: not built, or not loadable here).
+
+    Why not always `cpp_extension.load`: it takes the build folder's lock even to find nothing to rebuild, and a
+    process killed while holding it (a Ctrl-C during loading) would leave every later load waiting forever.
+    The key names the sources, flags and torch version, so a finished build is the right one."""
+    if not path.is_file():
+        return None
+    import importlib.util
+
+    import torch  # noqa: F401  the module links against libtorch, loaded by this import
+
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    except ImportError as exc:  # a partial or foreign file: rebuild over it
+        log.warning("oospec: rebuilding the invariant kernels (%s could not be loaded: %s)", path.name, exc)
+        return None
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """Remove a build lock no live build can hold any more (see STALE_LOCK_S), saying so."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        log.warning("oospec: removing a kernel build lock left %.0f s ago by a build that did not finish (%s)",
+                    age, lock)
+        lock.unlink(missing_ok=True)
