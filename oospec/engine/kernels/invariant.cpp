@@ -138,26 +138,32 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 // ---- attention over the cache ----------------------------------------------------------------------------
 // q [H, Q, D], k and v [Hk, L, D] (rows of one head contiguous, heads strided), valid [Q, L] (bytes; empty:
 // causal, row i sees keys 0 .. L-Q+i). Output [Q, H, D], as transformers expects attention's output.
-// Four dot16's at once: four independent chains (one would wait on each fused multiply-add's latency), each
-// in dot16's order, so each result has dot16's bits.
-template <class T> inline void dot16x4(const T* a, const T* const* b, int64_t k, float* out) {
-  V16 c0 = zero16(), c1 = zero16(), c2 = zero16(), c3 = zero16();
+// U dot16's sharing one operand: U independent chains (one would wait on each fused multiply-add's latency),
+// each in dot16's order, so each result has dot16's bits (a product's operands commute inside an FMA).
+template <class T, class B, int U> inline void dot16xU(const T* a, const B* const* b, int64_t k, float* out) {
+  V16 c[U];
+  for (int u = 0; u < U; ++u) c[u] = zero16();
   int64_t i = 0;
   for (; i + 16 <= k; i += 16) {
     const V16 av = load16(a + i);
-    c0 = fma16(av, load16(b[0] + i), c0);
-    c1 = fma16(av, load16(b[1] + i), c1);
-    c2 = fma16(av, load16(b[2] + i), c2);
-    c3 = fma16(av, load16(b[3] + i), c3);
+    for (int u = 0; u < U; ++u) c[u] = fma16(av, load16(b[u] + i), c[u]);
   }
   if (i < k) {
     const V16 av = load16_tail(a + i, k - i);
-    c0 = fma16(av, load16_tail(b[0] + i, k - i), c0);
-    c1 = fma16(av, load16_tail(b[1] + i, k - i), c1);
-    c2 = fma16(av, load16_tail(b[2] + i, k - i), c2);
-    c3 = fma16(av, load16_tail(b[3] + i, k - i), c3);
+    for (int u = 0; u < U; ++u) c[u] = fma16(av, load16_tail(b[u] + i, k - i), c[u]);
   }
-  out[0] = hsum16(c0); out[1] = hsum16(c1); out[2] = hsum16(c2); out[3] = hsum16(c3);
+  for (int u = 0; u < U; ++u) out[u] = hsum16(c[u]);
+}
+
+// dot(a, b[u]) for u < n, four at a time.
+template <class T, class B> inline void dots(const T* a, const B* const* b, int64_t n, int64_t k, float* out) {
+  int64_t u = 0;
+  for (; u + 4 <= n; u += 4) dot16xU<T, B, 4>(a, b + u, k, out + u);
+  switch (n - u) {
+    case 3: dot16xU<T, B, 3>(a, b + u, k, out + u); break;
+    case 2: dot16xU<T, B, 2>(a, b + u, k, out + u); break;
+    case 1: dot16xU<T, B, 1>(a, b + u, k, out + u); break;
+  }
 }
 
 // o[d] = sum over the n keys, in order, of fma(p_t, v_t[d], o[d]), p_t = exp_fixed(s[t] - m); returns sum p_t.
@@ -204,36 +210,52 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
   const int64_t ks_h = k.stride(0), ks_j = k.stride(1), vs_h = v.stride(0), vs_j = v.stride(1);
   T* op = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, H * Q, 1, [&](int64_t a, int64_t b) {
-    std::vector<float> s(L), o(D);
+  // A task is one query row and one kv head with the `group` query heads that share it, so a key row is read
+  // (and widened) once for all of them. Every head's every sum keeps its order (dot16's, then slot order).
+  at::parallel_for(0, Hk * Q, 1, [&](int64_t a, int64_t b) {
+    std::vector<float> s(group * L), o(D), row(std::max<int64_t>(group, 4));
     std::vector<int64_t> idx(L);
+    std::vector<const T*> ptrs(L);
+    std::vector<float> qf(group * D);
+    std::vector<const float*> qptrs(group);
     for (int64_t task = a; task < b; ++task) {
-      const int64_t h = task / Q, i = task % Q, g = h / group;
-      const T* qi = qp + h * qs_h + i * qs_i;
+      const int64_t g = task / Q, i = task % Q;
       const T* kb = kp + g * ks_h;
       const uint8_t* ok = valid ? valid + i * L : nullptr;
       const int64_t last = valid ? L - 1 : L - Q + i;  // causal: keys up to the row's own position
       int64_t n = 0;  // the keys the row sees, in slot order
       for (int64_t j = 0; j <= last; ++j)
         if (!ok || ok[j]) idx[n++] = j;
-      int64_t t = 0;
-      for (; t + 4 <= n; t += 4) {
-        const T* keys[4] = {kb + idx[t] * ks_j, kb + idx[t + 1] * ks_j, kb + idx[t + 2] * ks_j, kb + idx[t + 3] * ks_j};
-        dot16x4(qi, keys, D, &s[t]);
-      }
-      for (; t < n; ++t) s[t] = dot16(qi, kb + idx[t] * ks_j, D);
-      float m = -INFINITY;
-      for (t = 0; t < n; ++t) {
-        s[t] = s[t] * sc;
-        m = s[t] > m ? s[t] : m;
+      if (group > 1) {  // each key against the group's heads, their queries widened to float32 once (exact)
+        for (int64_t u = 0; u < group; ++u) {
+          const T* qu = qp + (g * group + u) * qs_h + i * qs_i;
+          for (int64_t d = 0; d < D; ++d) qf[u * D + d] = to_float(qu[d]);
+          qptrs[u] = qf.data() + u * D;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          dots(kb + idx[t] * ks_j, qptrs.data(), group, D, row.data());
+          for (int64_t u = 0; u < group; ++u) s[u * L + t] = row[u];
+        }
+      } else {  // one head: its query against the keys
+        for (int64_t t = 0; t < n; ++t) ptrs[t] = kb + idx[t] * ks_j;
+        dots(qp + g * qs_h + i * qs_i, ptrs.data(), n, D, s.data());
       }
       const T* vb = vp + g * vs_h;
-      const float sum = D == 128 ? weigh_values<T, 8>(s.data(), idx.data(), n, m, vb, vs_j, D, o.data())
-                      : D == 64  ? weigh_values<T, 4>(s.data(), idx.data(), n, m, vb, vs_j, D, o.data())
-                                 : weigh_values<T, 0>(s.data(), idx.data(), n, m, vb, vs_j, D, o.data());
-      T* oi = op + (i * H + h) * D;
-      const float inv = sum > 0.f ? sum : 1.f;
-      for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(o[d] / inv);
+      for (int64_t u = 0; u < group; ++u) {
+        const int64_t h = g * group + u;
+        float* sh = s.data() + u * L;
+        float m = -INFINITY;
+        for (int64_t t = 0; t < n; ++t) {
+          sh[t] = sh[t] * sc;
+          m = sh[t] > m ? sh[t] : m;
+        }
+        const float sum = D == 128 ? weigh_values<T, 8>(sh, idx.data(), n, m, vb, vs_j, D, o.data())
+                        : D == 64  ? weigh_values<T, 4>(sh, idx.data(), n, m, vb, vs_j, D, o.data())
+                                   : weigh_values<T, 0>(sh, idx.data(), n, m, vb, vs_j, D, o.data());
+        T* oi = op + (i * H + h) * D;
+        const float inv = sum > 0.f ? sum : 1.f;
+        for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(o[d] / inv);
+      }
     }
   });
 }
