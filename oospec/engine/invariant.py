@@ -5,10 +5,11 @@ tokens share its forward. Stock CPU kernels break that (float32 GEMMs block by r
 kernels too, attention reduces over masked slots), so `install(model)` rebuilds the decoder of a qwen2 /
 llama model from kernels whose every reduction has one fixed order:
 
-  * `InvariantLinear` (q/k/v/o, gate/up/down, the output head): forwards of at most `STEP_ROWS` rows, i.e.
-    every decode and verification forward, go through a batched GEMV that reads each weight row once for
-    all rows and reduces each output in a fixed lane order; larger forwards (prefill chunks, which every
-    method shares) keep torch's fastest GEMM.
+  * `InvariantLinear` (q/k/v/o, gate/up/down, the output head): with the C++ kernels the weight is packed
+    once into 16-output panels and every forward goes through them, each output reduced over k in order in
+    its own vector lane (float32 prefills keep a oneDNN copy: faster GEMMs there); with the pure-torch
+    kernels forwards of at most `STEP_ROWS` rows take the fixed-order kernel, larger ones torch's GEMM.
+    A tied input embedding reads the head's panels (`PackedEmbedding`).
   * attention: the same for at most `STEP_ROWS` query rows: keys visited in slot order, masked tree slots
     skipped, exp as one fixed polynomial.
   * RMSNorm, SiLU: row-wise and element-wise in one formula; rotary cos/sin read from a table built once.
@@ -117,10 +118,9 @@ def kernels():
 # The modules that replace the stock ones.
 
 class InvariantLinear(nn.Module):
-    """y = x W^T + b; at most STEP_ROWS rows through the invariant kernel, more through torch's GEMM.
+    """y = x W^T + b through the invariant kernel (pure torch: at most STEP_ROWS rows, more through torch's GEMM).
 
-    With the C++ kernels the weight is packed once into their panel layout (`pack_linear`, invariant.cpp's
-    linear.cpp), which *replaces* the plain weight: the panels serve every forward, the prefill's too, so the
+    With the C++ kernels the weight is packed once into their panel layout (`pack_linear`, kernels/linear.cpp), which *replaces* the plain weight: the panels serve every forward, the prefill's too, so the
     weights are not held twice. With the pure-torch kernels the original parameter is kept (a tied output
     head stays tied: no copy).
 
