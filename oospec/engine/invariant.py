@@ -120,8 +120,9 @@ def kernels():
 class InvariantLinear(nn.Module):
     """y = x W^T + b through the invariant kernel (pure torch: at most STEP_ROWS rows, more through torch's GEMM).
 
-    With the C++ kernels the weight is packed once into their panel layout (`pack_linear`, kernels/linear.cpp), which *replaces* the plain weight: the panels serve every forward, the prefill's too, so the
-    weights are not held twice. With the pure-torch kernels the original parameter is kept (a tied output
+    With the C++ kernels the weight is packed once into their panel layout (`pack_linear`, kernels/linear.cpp),
+    which *replaces* the plain weight: the panels serve every forward, the prefill's too, so the weights are
+    not held twice. With the pure-torch kernels the original parameter is kept (a tied output
     head stays tied: no copy).
 
     prefill_packed: for float32, also keep a oneDNN pre-packed copy for the prefill's GEMMs
