@@ -75,6 +75,40 @@ def test_linear_bits_do_not_depend_on_the_thread_count(cxx):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(40, 13), (37, 67), (1537, 33), (96, 301)])
+def test_packed_linear_is_the_plain_call_for_every_row_count(cxx, dtype, shape):
+    """The panels packed once at load (pack_linear) give the plain-weight call's bits for 1..17 rows (one, two
+    and three row blocks, uneven ones) and odd K and N (the tails of the 16-column panels and bfloat16 pairs)."""
+    k, n = shape
+    g = torch.Generator().manual_seed(k + n)
+    w = torch.randn(n, k, generator=g).to(dtype)
+    b = torch.randn(n, generator=g).to(dtype)
+    x = torch.randn(17, k, generator=g).to(dtype)
+    packed = cxx.pack_linear(w)
+    full = cxx.linear_packed(x, packed, b, n)
+    assert same_bits(full, cxx.linear(x, w, b))
+    for m in range(1, 18):
+        assert same_bits(cxx.linear_packed(x[:m].contiguous(), packed, b, n), full[:m]), f"rows 0..{m} differ"
+        assert same_bits(cxx.linear_packed(x[m - 1:m].contiguous(), packed, b, n), full[m - 1:m]), f"row {m - 1}"
+    ref = x.double() @ w.double().T + b.double()
+    tol = 1e-4 if dtype == torch.float32 else 0.05
+    assert torch.allclose(full.double(), ref, rtol=tol, atol=tol * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_install_packs_each_weight_once_and_a_tied_head_stays_one_matrix(cxx, dtype):
+    model = tiny_model("qwen2").to(dtype)  # tied embeddings
+    embedding = model.model.embed_tokens.weight.detach().clone()
+    install(model, cxx)
+    head = model.lm_head
+    assert head.weight is None and head.packed is not None
+    assert model.model.embed_tokens.packed is head.packed  # the input embedding reads the head's panels
+    ids = torch.tensor([[0, 1, 15, 16, 17, VOCAB - 1]])
+    assert same_bits(model.model.embed_tokens(ids), embedding[ids])
+    assert all(lin.weight is None for lin in model.model.layers[0].mlp.children() if hasattr(lin, "packed"))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_attention_row_sees_the_same_keys_alone_or_in_a_masked_tree(ops, dtype):
     """A tree node attends to the prefix and its ancestors among masked siblings; decoded alone, the same keys
     sit in consecutive slots. Both must give the same bits."""

@@ -5,10 +5,11 @@ tokens share its forward. Stock CPU kernels break that (float32 GEMMs block by r
 kernels too, attention reduces over masked slots), so `install(model)` rebuilds the decoder of a qwen2 /
 llama model from kernels whose every reduction has one fixed order:
 
-  * `InvariantLinear` (q/k/v/o, gate/up/down, the output head): forwards of at most `STEP_ROWS` rows, i.e.
-    every decode and verification forward, go through a batched GEMV that reads each weight row once for
-    all rows and reduces each output in a fixed lane order; larger forwards (prefill chunks, which every
-    method shares) keep torch's fastest GEMM.
+  * `InvariantLinear` (q/k/v/o, gate/up/down, the output head): with the C++ kernels the weight is packed
+    once into 16-output panels and every forward goes through them, each output reduced over k in order in
+    its own vector lane (float32 prefills keep a oneDNN copy: faster GEMMs there); with the pure-torch
+    kernels forwards of at most `STEP_ROWS` rows take the fixed-order kernel, larger ones torch's GEMM.
+    A tied input embedding reads the head's panels (`PackedEmbedding`).
   * attention: the same for at most `STEP_ROWS` query rows: keys visited in slot order, masked tree slots
     skipped, exp as one fixed polynomial.
   * RMSNorm, SiLU: row-wise and element-wise in one formula; rotary cos/sin read from a table built once.
@@ -117,34 +118,73 @@ def kernels():
 # The modules that replace the stock ones.
 
 class InvariantLinear(nn.Module):
-    """y = x W^T + b; at most STEP_ROWS rows through the invariant kernel, more through torch's GEMM.
-    Holds the original parameters (a tied output head stays tied: no copy).
+    """y = x W^T + b through the invariant kernel (pure torch: at most STEP_ROWS rows, more through torch's GEMM).
 
-    prefill_packed: also keep a oneDNN pre-packed float32 copy for the prefill's GEMMs (cpu_kernels.PackedLinear):
-    torch's float32 GEMM is MKL's, which runs 2-3x slower on AMD processors than oneDNN (twice the weights'
-    memory, float32 only)."""
+    With the C++ kernels the weight is packed once into their panel layout (`pack_linear`, kernels/linear.cpp),
+    which *replaces* the plain weight: the panels serve every forward, the prefill's too, so the weights are
+    not held twice. With the pure-torch kernels the original parameter is kept (a tied output
+    head stays tied: no copy).
 
-    def __init__(self, linear: nn.Linear, ops, prefill_packed: bool = False):
+    prefill_packed: for float32, also keep a oneDNN pre-packed copy for the prefill's GEMMs
+    (cpu_kernels.PackedLinear): there the invariant kernel is compute-bound at one FMA per weight and row, and
+    oneDNN's blocked GEMM is faster (twice the weights' memory, float32 only).
+    packed: panels already made by `ops.pack_linear` for this weight (a tied output head's, shared with
+    `PackedEmbedding`)."""
+
+    def __init__(self, linear: nn.Linear, ops, prefill_packed: bool = False, packed: torch.Tensor | None = None):
         super().__init__()
-        self.weight = linear.weight
-        self.bias = linear.bias
         self.ops = ops
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.prefill = None
         if prefill_packed and linear.weight.dtype == torch.float32 and onednn_available():
             self.prefill = PackedLinear.from_linear(linear)
+        self.bias = linear.bias
+        if packed is None and hasattr(ops, "pack_linear"):
+            packed = ops.pack_linear(linear.weight.detach())
+        if packed is not None:
+            self.weight = None
+            self.register_buffer("packed", packed, persistent=False)
+            self.dtype = packed.dtype
+        else:
+            self.weight = linear.weight
+            self.packed = None
+            self.dtype = linear.weight.dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
+        if rows > STEP_ROWS and self.prefill is not None and x.dtype == torch.float32 and not x.requires_grad:
+            return self.prefill(x)
+        if self.packed is not None:  # every row count: the panels are the only copy of the weight
+            x2 = x.reshape(rows, self.in_features).to(self.dtype)
+            y = self.ops.linear_packed(x2, self.packed, self.bias, self.out_features)
+            return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
         if rows > STEP_ROWS or x.dtype != self.weight.dtype or x.requires_grad:
-            if self.prefill is not None and x.dtype == torch.float32 and not x.requires_grad:
-                return self.prefill(x)
             return F.linear(x, self.weight, self.bias)
         y = self.ops.linear(x.reshape(rows, self.in_features), self.weight, self.bias)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"packed={self.packed is not None}")
+
+
+class PackedEmbedding(nn.Module):
+    """The input embedding of a model whose output head is tied to it, read from the head's packed panels
+    (pack_linear's layout: panel p holds rows 16p..16p+15, k-major), so the matrix is held once."""
+
+    def __init__(self, embedding: nn.Embedding, packed: torch.Tensor):
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = embedding.num_embeddings, embedding.embedding_dim
+        self.padding_idx = embedding.padding_idx
+        self.register_buffer("packed", packed, persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        dim = self.embedding_dim
+        if self.packed.dtype == torch.bfloat16:  # [panels][pairs of k][16][2]
+            panels = self.packed.view(-1, (dim + 1) // 2, 16, 2)
+            return panels[ids // 16, :, ids % 16, :].reshape(*ids.shape, -1)[..., :dim]
+        panels = self.packed.view(-1, dim, 16)  # [panels][k][16]
+        return panels[ids // 16, :, ids % 16]
 
 
 class InvariantRMSNorm(nn.Module):
@@ -287,7 +327,12 @@ def install(model: nn.Module, ops=None) -> dict:
             layer.self_attn.oospec_ops = ops
         inner.norm = InvariantRMSNorm(inner.norm, ops)
         if type(model.lm_head) is nn.Linear:
-            model.lm_head = InvariantLinear(model.lm_head, ops)
+            head = model.lm_head
+            embed = inner.embed_tokens
+            tied = type(embed) is nn.Embedding and embed.weight is head.weight
+            model.lm_head = InvariantLinear(head, ops)
+            if tied and model.lm_head.packed is not None:  # the plain matrix would otherwise stay for the input
+                inner.embed_tokens = PackedEmbedding(embed, model.lm_head.packed)
         initial = min(int(getattr(model.config, "max_position_embeddings", 4096) or 4096), 32768)
         inner.rotary_emb = RotaryTable(inner.rotary_emb, initial)
     _register_attention()

@@ -4,7 +4,7 @@
 then use the pure-torch kernels of `oospec.engine.invariant`, which keep the same guarantee at lower speed.
 `make venv` builds it (`python -m oospec.engine.kernels`), so no request ever waits for the compiler.
 
-The build is keyed by the source, the instruction-set flags and the torch version, and kept under
+The build is keyed by the sources, the instruction-set flags and the torch version, and kept under
 `$OOSPEC_KERNELS_DIR` (default `~/.cache/oospec-kernels`, apart from `$OOSPEC_HOME`, which tests point at
 temporary folders).
 """
@@ -22,6 +22,8 @@ from pathlib import Path
 from oospec.models.cpu_features import this_cpu_flags
 
 SOURCE = Path(__file__).with_name("invariant.cpp")
+SOURCES = (SOURCE, SOURCE.with_name("linear.cpp"))
+HEADERS = (SOURCE.with_name("lanes.h"),)
 log = logging.getLogger(__name__)
 
 # Instruction sets the kernels use, the best first: (cpuinfo flags required, compiler flags).
@@ -54,7 +56,9 @@ def build_dir() -> Path:
 def build_key() -> str:
     import torch
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for path in SOURCES + HEADERS:
+        h.update(path.read_bytes())
     h.update(" ".join(_BASE_FLAGS + isa_flags()).encode())
     h.update(f"{torch.__version__} {sys.version_info[:2]}".encode())
     return h.hexdigest()[:16]
@@ -80,7 +84,7 @@ def native():
             return built
         folder.mkdir(parents=True, exist_ok=True)
         _clear_stale_lock(folder / "lock")
-        return load(name=name, sources=[str(SOURCE)], build_directory=str(folder),
+        return load(name=name, sources=[str(p) for p in SOURCES], build_directory=str(folder),
                     extra_cflags=list(_BASE_FLAGS + isa_flags()), extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: the pure-torch kernels take over
         log.warning("oospec: the C++ invariant kernels could not be built (%s: %s); using the slower "

@@ -4,10 +4,12 @@
 // or speculative output can differ from plain greedy decoding. Stock GEMMs choose their blocking, and so
 // their summation order, from the row count (MKL float32 differs already at 2 rows). Here every output is
 // reduced in one fixed order that depends on nothing but its own inputs:
-//   * dot products: 16 float32 lane accumulators, lane l takes elements k = l (mod 16) in increasing k with
-//     fused multiply-add, then the lanes are summed as (l, l+8), (l, l+4), (l, l+2), (0, 1). bfloat16
-//     weights and rows with AVX512_BF16: lane l takes the pairs (2l+1, 2l) of each 32-element block in that
-//     order (VDPBF16PS); elsewhere the same pairs in the same order with float32 FMA.
+//   * linear layers (linear.cpp): the 16 lanes of a vector are 16 outputs; each output's lane takes its
+//     products in increasing k, one fused multiply-add per k (float32) or one VDPBF16PS per pair of k
+//     (bfloat16; pair element 2i+1 then 2i with float32 FMA where the instruction is missing).
+//   * other dot products (norms, attention scores): 16 float32 lane accumulators, lane l takes elements
+//     k = l (mod 16) in increasing k with fused multiply-add, then the lanes are summed as (l, l+8),
+//     (l, l+4), (l, l+2), (0, 1).
 //   * attention: keys a row may see are visited in slot order, masked slots skipped (never added as zeros),
 //     so a tree node and the same token decoded alone sum the same keys in the same order; exp is one
 //     polynomial of IEEE basic operations (exp_fixed), identical in vector and scalar code.
@@ -24,73 +26,16 @@
 #include <cstring>
 #include <vector>
 
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
+#include "lanes.h"
+
+// linear.cpp
+torch::Tensor pack_linear(torch::Tensor w);
+torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<torch::Tensor> bias, int64_t N);
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 
 namespace {
 
-using bf16 = c10::BFloat16;
-
-inline float to_float(float x) { return x; }
-inline float to_float(bf16 x) { return static_cast<float>(x); }
-template <class T> inline T from_float(float x);
-template <> inline float from_float<float>(float x) { return x; }
-template <> inline bf16 from_float<bf16>(float x) { return bf16(x); }  // round to nearest even, as torch
-
-// ---- 16 float32 lanes: one zmm, two ymm, or an array, with the same arithmetic -------------------------
-#if defined(__AVX512F__)
-struct V16 { __m512 v; };
-inline V16 zero16() { return {_mm512_setzero_ps()}; }
-inline V16 load16(const float* p) { return {_mm512_loadu_ps(p)}; }
-inline V16 load16(const bf16* p) {
-  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16))};
-}
-inline V16 fma16(V16 a, V16 b, V16 acc) { return {_mm512_fmadd_ps(a.v, b.v, acc.v)}; }
-inline V16 bcast16(float x) { return {_mm512_set1_ps(x)}; }
-inline void store16(float* p, V16 a) { _mm512_storeu_ps(p, a.v); }
-inline float hsum16(V16 a) {
-  __m256 lo = _mm512_castps512_ps256(a.v);
-  __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
-  __m256 s8 = _mm256_add_ps(lo, hi);                                            // l + (l+8)
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));  // l + (l+4)
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));                             // l + (l+2)
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));               // 0 + 1
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-struct V16 { __m256 lo, hi; };
-inline V16 zero16() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-inline V16 load16(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-inline __m256 widen8(const bf16* p) {
-  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-inline V16 load16(const bf16* p) { return {widen8(p), widen8(p + 8)}; }
-inline V16 fma16(V16 a, V16 b, V16 acc) { return {_mm256_fmadd_ps(a.lo, b.lo, acc.lo), _mm256_fmadd_ps(a.hi, b.hi, acc.hi)}; }
-inline V16 bcast16(float x) { return {_mm256_set1_ps(x), _mm256_set1_ps(x)}; }
-inline void store16(float* p, V16 a) { _mm256_storeu_ps(p, a.lo); _mm256_storeu_ps(p + 8, a.hi); }
-inline float hsum16(V16 a) {
-  __m256 s8 = _mm256_add_ps(a.lo, a.hi);
-  __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
-  __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
-}
-#else
-struct V16 { float v[16]; };
-inline V16 zero16() { V16 a; for (int l = 0; l < 16; ++l) a.v[l] = 0.f; return a; }
-template <class T> inline V16 load16(const T* p) { V16 a; for (int l = 0; l < 16; ++l) a.v[l] = to_float(p[l]); return a; }
-inline V16 fma16(V16 a, V16 b, V16 acc) { for (int l = 0; l < 16; ++l) acc.v[l] = std::fma(a.v[l], b.v[l], acc.v[l]); return acc; }
-inline V16 bcast16(float x) { V16 a; for (int l = 0; l < 16; ++l) a.v[l] = x; return a; }
-inline void store16(float* p, V16 a) { for (int l = 0; l < 16; ++l) p[l] = a.v[l]; }
-inline float hsum16(V16 a) {
-  float s8[8], s4[4], s2[2];
-  for (int l = 0; l < 8; ++l) s8[l] = a.v[l] + a.v[l + 8];
-  for (int l = 0; l < 4; ++l) s4[l] = s8[l] + s8[l + 4];
-  for (int l = 0; l < 2; ++l) s2[l] = s4[l] + s4[l + 2];
-  return s2[0] + s2[1];
-}
-#endif
+using namespace oospec;
 
 // 16 elements from p, zeros past n (the tail of a row), in the same lanes as a full load.
 template <class T> inline V16 load16_tail(const T* p, int64_t n) {
@@ -106,144 +51,6 @@ template <class T> inline float dot16(const T* a, const T* b, int64_t k) {
   for (; i + 16 <= k; i += 16) acc = fma16(load16(a + i), load16(b + i), acc);
   if (i < k) acc = fma16(load16_tail(a + i, k - i), load16_tail(b + i, k - i), acc);
   return hsum16(acc);
-}
-
-// ---- the linear layer: y[m, n] = sum_k x[m, k] w[n, k] (+ b[n]) -----------------------------------------
-// A tile is NB outputs x R rows: the NB weight rows are read once for all R rows, each (output, row) pair
-// keeps its own accumulator, so the order of one pair's sum is the same in every tile shape.
-// Shapes measured on a 2-core AMD EPYC (AVX512_BF16): one row streams 8 weight rows at a time; more rows
-// share 4 weight rows among up to 6 input rows (24 accumulators), with the weights prefetched ahead.
-constexpr int NB = 4;
-constexpr int RMAX = 6;
-constexpr int NB_ONE_ROW = 8;
-constexpr int PREFETCH = 1024;  // elements ahead in each weight row
-
-template <class T> struct Step;  // one block of the reduction: Step<T>::width elements per accumulator update
-
-template <> struct Step<float> {
-  static constexpr int width = 16;
-  static inline V16 run(V16 acc, const float* w, const float* x) { return fma16(load16(w), load16(x), acc); }
-};
-
-#if defined(__AVX512BF16__)
-template <> struct Step<bf16> {
-  static constexpr int width = 32;
-  static inline V16 run(V16 acc, const bf16* w, const bf16* x) {
-    __m512bh wv = (__m512bh)_mm512_loadu_si512(w);
-    __m512bh xv = (__m512bh)_mm512_loadu_si512(x);
-    return {_mm512_dpbf16_ps(acc.v, xv, wv)};
-  }
-};
-#else
-template <> struct Step<bf16> {
-  static constexpr int width = 32;
-  // VDPBF16PS's order without the instruction: lane l adds pair element 2l+1, then 2l.
-  static inline V16 run(V16 acc, const bf16* w, const bf16* x) {
-    float wo[16], we[16], xo[16], xe[16];
-    for (int l = 0; l < 16; ++l) {
-      wo[l] = to_float(w[2 * l + 1]); we[l] = to_float(w[2 * l]);
-      xo[l] = to_float(x[2 * l + 1]); xe[l] = to_float(x[2 * l]);
-    }
-    acc = fma16(load16(xo), load16(wo), acc);
-    return fma16(load16(xe), load16(we), acc);
-  }
-};
-#endif
-
-template <class T, int NBc, int R>
-void tile(const T* w, int64_t K, const T* x, float* out /* [R][NBc] */) {
-  constexpr int W = Step<T>::width;
-  V16 acc[NBc][R];
-  for (int j = 0; j < NBc; ++j)
-    for (int r = 0; r < R; ++r) acc[j][r] = zero16();
-  int64_t k = 0;
-  for (; k + W <= K; k += W) {
-    if (R > 1)
-      for (int j = 0; j < NBc; ++j) __builtin_prefetch(w + j * K + k + PREFETCH, 0, 3);
-    for (int j = 0; j < NBc; ++j)
-      for (int r = 0; r < R; ++r) acc[j][r] = Step<T>::run(acc[j][r], w + j * K + k, x + r * K + k);
-  }
-  if (k < K) {  // the tail, zero-padded to one whole block: the same update in the same lanes
-    T wt[NBc][W], xt[R][W];
-    for (int j = 0; j < NBc; ++j) for (int i = 0; i < W; ++i) wt[j][i] = k + i < K ? w[j * K + k + i] : T(0.f);
-    for (int r = 0; r < R; ++r) for (int i = 0; i < W; ++i) xt[r][i] = k + i < K ? x[r * K + k + i] : T(0.f);
-    for (int j = 0; j < NBc; ++j)
-      for (int r = 0; r < R; ++r) acc[j][r] = Step<T>::run(acc[j][r], wt[j], xt[r]);
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NBc; ++j) out[r * NBc + j] = hsum16(acc[j][r]);
-}
-
-template <class T, int NBc>
-void tile_rows(const T* w, int64_t K, const T* x, int rows, float* out) {
-  switch (rows) {
-    case 1: tile<T, NBc, 1>(w, K, x, out); break;
-    case 2: tile<T, NBc, 2>(w, K, x, out); break;
-    case 3: tile<T, NBc, 3>(w, K, x, out); break;
-    case 4: tile<T, NBc, 4>(w, K, x, out); break;
-    case 5: tile<T, NBc, 5>(w, K, x, out); break;
-    default: tile<T, NBc, 6>(w, K, x, out); break;
-  }
-}
-
-template <class T>
-void linear_impl(const T* x, const T* w, const T* b, T* y, int64_t M, int64_t K, int64_t N) {
-  // Every (output, row) pair has its own accumulator in every tile shape: the shape is free to follow M.
-  const int nb = M == 1 ? NB_ONE_ROW : NB;
-  const int64_t blocks = (N + nb - 1) / nb;
-  // Threads only for at least half a megabyte of weights each: waking them costs more on small matrices.
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (nb * K * static_cast<int64_t>(sizeof(T))));
-  at::parallel_for(0, blocks, grain, [&](int64_t b0, int64_t b1) {
-    float out[RMAX * NB_ONE_ROW];
-    for (int64_t blk = b0; blk < b1; ++blk) {
-      const int64_t n0 = blk * nb;
-      const int nbc = static_cast<int>(std::min<int64_t>(nb, N - n0));
-      for (int64_t m0 = 0; m0 < M; m0 += RMAX) {
-        const int rows = static_cast<int>(std::min<int64_t>(RMAX, M - m0));
-        const T* wp = w + n0 * K;
-        const T* xp = x + m0 * K;
-        switch (nbc) {
-          case 1: tile_rows<T, 1>(wp, K, xp, rows, out); break;
-          case 2: tile_rows<T, 2>(wp, K, xp, rows, out); break;
-          case 3: tile_rows<T, 3>(wp, K, xp, rows, out); break;
-          case 4: tile_rows<T, 4>(wp, K, xp, rows, out); break;
-          case 8: tile<T, 8, 1>(wp, K, xp, out); break;
-          default:  // the short last block of the one-row shape
-            for (int j = 0; j < nbc; ++j) tile<T, 1, 1>(wp + j * K, K, xp, out + j);
-        }
-        for (int r = 0; r < rows; ++r)
-          for (int j = 0; j < nbc; ++j) {
-            float v = out[r * nbc + j];
-            if (b) v += to_float(b[n0 + j]);
-            y[(m0 + r) * N + n0 + j] = from_float<T>(v);
-          }
-      }
-    }
-  });
-}
-
-torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear: x [M, K] and w [N, K]");
-  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "linear: x and w must share a dtype");
-  x = x.contiguous();
-  w = w.contiguous();
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  auto y = torch::empty({M, N}, x.options());
-  torch::Tensor b;
-  if (bias.has_value() && bias->defined()) {
-    b = bias->to(x.scalar_type()).contiguous();
-    TORCH_CHECK(b.numel() == N, "linear: bias must have N elements");
-  }
-  if (x.scalar_type() == torch::kFloat32) {
-    linear_impl<float>(x.data_ptr<float>(), w.data_ptr<float>(), b.defined() ? b.data_ptr<float>() : nullptr,
-                       y.data_ptr<float>(), M, K, N);
-  } else if (x.scalar_type() == torch::kBFloat16) {
-    linear_impl<bf16>(x.data_ptr<bf16>(), w.data_ptr<bf16>(), b.defined() ? b.data_ptr<bf16>() : nullptr,
-                      y.data_ptr<bf16>(), M, K, N);
-  } else {
-    TORCH_CHECK(false, "linear: float32 or bfloat16 only");
-  }
-  return y;
 }
 
 // ---- exp as one polynomial of IEEE basic operations --------------------------------------------------------
@@ -331,6 +138,66 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
 // ---- attention over the cache ----------------------------------------------------------------------------
 // q [H, Q, D], k and v [Hk, L, D] (rows of one head contiguous, heads strided), valid [Q, L] (bytes; empty:
 // causal, row i sees keys 0 .. L-Q+i). Output [Q, H, D], as transformers expects attention's output.
+// U dot16's sharing one operand: U independent chains (one would wait on each fused multiply-add's latency),
+// each in dot16's order, so each result has dot16's bits (a product's operands commute inside an FMA).
+template <class T, class B, int U> inline void dot16xU(const T* a, const B* const* b, int64_t k, float* out) {
+  V16 c[U];
+  for (int u = 0; u < U; ++u) c[u] = zero16();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const V16 av = load16(a + i);
+    for (int u = 0; u < U; ++u) c[u] = fma16(av, load16(b[u] + i), c[u]);
+  }
+  if (i < k) {
+    const V16 av = load16_tail(a + i, k - i);
+    for (int u = 0; u < U; ++u) c[u] = fma16(av, load16_tail(b[u] + i, k - i), c[u]);
+  }
+  for (int u = 0; u < U; ++u) out[u] = hsum16(c[u]);
+}
+
+// dot(a, b[u]) for u < n, four at a time.
+template <class T, class B> inline void dots(const T* a, const B* const* b, int64_t n, int64_t k, float* out) {
+  int64_t u = 0;
+  for (; u + 4 <= n; u += 4) dot16xU<T, B, 4>(a, b + u, k, out + u);
+  switch (n - u) {
+    case 3: dot16xU<T, B, 3>(a, b + u, k, out + u); break;
+    case 2: dot16xU<T, B, 2>(a, b + u, k, out + u); break;
+    case 1: dot16xU<T, B, 1>(a, b + u, k, out + u); break;
+  }
+}
+
+// o[d] = sum over the n keys, in order, of fma(p_t, v_t[d], o[d]), p_t = exp_fixed(s[t] - m); returns sum p_t.
+// NV > 0: D = 16 NV, o held in registers; NV = 0: any D, o in memory. The same operations per element.
+template <class T, int NV>
+float weigh_values(const float* s, const int64_t* idx, int64_t n, float m, const T* vb, int64_t vs_j, int64_t D,
+                   float* o) {
+  float sum = 0.f;
+  if constexpr (NV > 0) {
+    V16 acc[NV];
+    for (int u = 0; u < NV; ++u) acc[u] = zero16();
+    for (int64_t t = 0; t < n; ++t) {
+      const float p = exp_fixed(s[t] - m);
+      sum += p;
+      const T* vj = vb + idx[t] * vs_j;
+      const V16 pv = bcast16(p);
+      for (int u = 0; u < NV; ++u) acc[u] = fma16(pv, load16(vj + 16 * u), acc[u]);
+    }
+    for (int u = 0; u < NV; ++u) store16(o + 16 * u, acc[u]);
+  } else {
+    for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+    for (int64_t t = 0; t < n; ++t) {
+      const float p = exp_fixed(s[t] - m);
+      sum += p;
+      const T* vj = vb + idx[t] * vs_j;
+      const V16 pv = bcast16(p);
+      int64_t d = 0;
+      for (; d + 16 <= D; d += 16) store16(&o[d], fma16(pv, load16(vj + d), load16(&o[d])));
+      for (; d < D; ++d) o[d] = std::fma(p, to_float(vj[d]), o[d]);
+    }
+  }
+  return sum;
+}
+
 template <class T>
 void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                     const uint8_t* valid, double scale, torch::Tensor& out) {
@@ -343,35 +210,52 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
   const int64_t ks_h = k.stride(0), ks_j = k.stride(1), vs_h = v.stride(0), vs_j = v.stride(1);
   T* op = out.data_ptr<T>();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, H * Q, 1, [&](int64_t a, int64_t b) {
-    std::vector<float> s(L), o(D);
+  // A task is one query row and one kv head with the `group` query heads that share it, so a key row is read
+  // (and widened) once for all of them. Every head's every sum keeps its order (dot16's, then slot order).
+  at::parallel_for(0, Hk * Q, 1, [&](int64_t a, int64_t b) {
+    std::vector<float> s(group * L), o(D), row(std::max<int64_t>(group, 4));
+    std::vector<int64_t> idx(L);
+    std::vector<const T*> ptrs(L);
+    std::vector<float> qf(group * D);
+    std::vector<const float*> qptrs(group);
     for (int64_t task = a; task < b; ++task) {
-      const int64_t h = task / Q, i = task % Q, g = h / group;
-      const T* qi = qp + h * qs_h + i * qs_i;
+      const int64_t g = task / Q, i = task % Q;
+      const T* kb = kp + g * ks_h;
       const uint8_t* ok = valid ? valid + i * L : nullptr;
       const int64_t last = valid ? L - 1 : L - Q + i;  // causal: keys up to the row's own position
-      float m = -INFINITY;
-      for (int64_t j = 0; j <= last; ++j) {
-        if (ok && !ok[j]) continue;
-        s[j] = dot16(qi, kp + g * ks_h + j * ks_j, D) * sc;
-        m = s[j] > m ? s[j] : m;
+      int64_t n = 0;  // the keys the row sees, in slot order
+      for (int64_t j = 0; j <= last; ++j)
+        if (!ok || ok[j]) idx[n++] = j;
+      if (group > 1) {  // each key against the group's heads, their queries widened to float32 once (exact)
+        for (int64_t u = 0; u < group; ++u) {
+          const T* qu = qp + (g * group + u) * qs_h + i * qs_i;
+          for (int64_t d = 0; d < D; ++d) qf[u * D + d] = to_float(qu[d]);
+          qptrs[u] = qf.data() + u * D;
+        }
+        for (int64_t t = 0; t < n; ++t) {
+          dots(kb + idx[t] * ks_j, qptrs.data(), group, D, row.data());
+          for (int64_t u = 0; u < group; ++u) s[u * L + t] = row[u];
+        }
+      } else {  // one head: its query against the keys
+        for (int64_t t = 0; t < n; ++t) ptrs[t] = kb + idx[t] * ks_j;
+        dots(qp + g * qs_h + i * qs_i, ptrs.data(), n, D, s.data());
       }
-      float sum = 0.f;
-      for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
-      for (int64_t j = 0; j <= last; ++j) {
-        if (ok && !ok[j]) continue;
-        const float p = exp_fixed(s[j] - m);
-        sum += p;
-        const T* vj = vp + g * vs_h + j * vs_j;
-        // o[d] = fma(p, v[d], o[d]) for every d: 16 at a time, then one by one; the same operation per element
-        const V16 pv = bcast16(p);
-        int64_t d = 0;
-        for (; d + 16 <= D; d += 16) store16(&o[d], fma16(pv, load16(vj + d), load16(&o[d])));
-        for (; d < D; ++d) o[d] = std::fma(p, to_float(vj[d]), o[d]);
+      const T* vb = vp + g * vs_h;
+      for (int64_t u = 0; u < group; ++u) {
+        const int64_t h = g * group + u;
+        float* sh = s.data() + u * L;
+        float m = -INFINITY;
+        for (int64_t t = 0; t < n; ++t) {
+          sh[t] = sh[t] * sc;
+          m = sh[t] > m ? sh[t] : m;
+        }
+        const float sum = D == 128 ? weigh_values<T, 8>(sh, idx.data(), n, m, vb, vs_j, D, o.data())
+                        : D == 64  ? weigh_values<T, 4>(sh, idx.data(), n, m, vb, vs_j, D, o.data())
+                                   : weigh_values<T, 0>(sh, idx.data(), n, m, vb, vs_j, D, o.data());
+        T* oi = op + (i * H + h) * D;
+        const float inv = sum > 0.f ? sum : 1.f;
+        for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(o[d] / inv);
       }
-      T* oi = op + (i * H + h) * D;
-      const float inv = sum > 0.f ? sum : 1.f;
-      for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(o[d] / inv);
     }
   });
 }
@@ -412,7 +296,9 @@ std::string isa() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("linear", &linear, "row-invariant x @ w.T + b");
+  m.def("linear", &linear, "row-invariant x @ w.T + b (w [N, K], packed on the fly)");
+  m.def("pack_linear", &pack_linear, "w [N, K] in the panels linear_packed reads");
+  m.def("linear_packed", &linear_packed, "row-invariant x @ w.T + b over pack_linear's panels");
   m.def("attention", &attention, "row-invariant attention over a KV cache");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
   m.def("silu", &silu, "element-wise SiLU with exp_fixed");

@@ -1,0 +1,217 @@
+// The row-invariant linear layer, y[m, n] = sum_k x[m, k] w[n, k] (+ b[n]), over a weight packed once.
+//
+// Why a packed layout: reducing each output inside one vector (16 lanes over k, then a horizontal sum) makes
+// every extra row cost a full pass of multiply-adds plus a horizontal sum per output, so 16 rows cost ~2.5x
+// one row. Here the 16 lanes of a vector are 16 *outputs* instead: the weight is stored in panels of 16
+// output columns, k-major inside the panel, so one vector load gives 16 columns at one k (float32) or at one
+// pair of k (bfloat16), and a row's x[k] (or its pair) is broadcast against it. Each output then has one
+// accumulator lane that takes its products in increasing k, one update per k (float32: fused multiply-add)
+// or per pair (bfloat16: VDPBF16PS, or its order, pair element 2i+1 then 2i, with float32 FMA elsewhere).
+// There are no horizontal sums, and that order depends on nothing but k: not on the row count, the tile
+// shape, the thread count or the k-chunking below (partial sums are parked in float32 memory exactly).
+//
+// Layout (pack_linear): panel p holds columns 16p .. 16p+15; float32: [panels][K][16]; bfloat16:
+// [panels][ceil(K/2)][16][2]. Columns past N and the k past K are zeros.
+
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "lanes.h"
+
+namespace oospec {
+
+// One k-step of the reduction for T: `width` k per update, `panel_step` elements of a panel per k-step.
+template <class T> struct PStep;
+
+template <> struct PStep<float> {
+  static constexpr int width = 1;
+  static constexpr int panel_step = 16;
+  using W = V16;
+  using X = V16;
+  static inline W wload(const float* p) { return load16(p); }
+  static inline X xload(const float* x) { return bcast16(*x); }
+  static inline V16 run(V16 acc, const W& w, const X& x) { return fma16(x, w, acc); }
+};
+
+#if defined(__AVX512BF16__)
+template <> struct PStep<bf16> {
+  static constexpr int width = 2;
+  static constexpr int panel_step = 32;
+  using W = __m512bh;
+  using X = __m512bh;
+  static inline W wload(const bf16* p) { return (__m512bh)_mm512_loadu_si512(p); }
+  static inline X xload(const bf16* x) {
+    int32_t pair;
+    std::memcpy(&pair, x, sizeof(pair));
+    return (__m512bh)_mm512_set1_epi32(pair);
+  }
+  static inline V16 run(V16 acc, const W& w, const X& x) { return {_mm512_dpbf16_ps(acc.v, x, w)}; }
+};
+#else
+template <> struct PStep<bf16> {
+  static constexpr int width = 2;
+  static constexpr int panel_step = 32;
+  struct W { V16 odd, even; };
+  struct X { V16 odd, even; };
+  static inline W wload(const bf16* p) { W w; widen_pairs(p, w.odd, w.even); return w; }
+  static inline X xload(const bf16* x) { return {bcast16(static_cast<float>(x[1])), bcast16(static_cast<float>(x[0]))}; }
+  // VDPBF16PS's order without the instruction: pair element 2i+1, then 2i (bf16 products are exact in float32).
+  static inline V16 run(V16 acc, const W& w, const X& x) { return fma16(x.even, w.even, fma16(x.odd, w.odd, acc)); }
+};
+#endif
+
+// Tile shapes: NJ panels (16 NJ columns) x R rows of accumulators; KC k-steps per chunk, so that a chunk of
+// NJ panels (NJ * KC * 64 bytes) stays in L2 while the row blocks of a forward pass over it.
+#if defined(__AVX512F__)
+constexpr int NJ = 4, RMAX = 6;   // 24 zmm accumulators + 4 weights + a broadcast
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int NJ = 1, RMAX = 5;   // a V16 is two ymm: 10 accumulators
+#else
+constexpr int NJ = 1, RMAX = 4;
+#endif
+constexpr int64_t KC = 512;
+
+// acc [R][16 NJc] float32 partial sums in memory (exact), updated over k-steps s0 .. s1 of the panels at w.
+template <class T, int NJc, int R>
+void micro(const T* w, int64_t panel_elems, const T* x, int64_t ldx, int64_t s0, int64_t s1, float* acc) {
+  using S = PStep<T>;
+  const int64_t steps = panel_elems / S::panel_step;
+  V16 a[NJc][R];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NJc; ++j) a[j][r] = load16(acc + (r * NJc + j) * 16);
+  // The weights KC k-steps ahead (the next chunk, or the next panels' start) are fetched into L2 while these
+  // are multiplied: the first row block of a chunk would otherwise wait on memory. One cache line per panel
+  // and k-step, so one prefetch each; a prefetch past the weight's end is dropped by the processor.
+  for (int64_t s = s0; s < s1; ++s) {
+    const int64_t far = s + KC < steps ? s + KC : s + KC - steps + NJc * steps;
+    for (int j = 0; j < NJc; ++j) __builtin_prefetch(w + j * panel_elems + far * S::panel_step, 0, 2);
+    typename S::W wv[NJc];
+    for (int j = 0; j < NJc; ++j) wv[j] = S::wload(w + j * panel_elems + s * S::panel_step);
+    for (int r = 0; r < R; ++r) {
+      const typename S::X xv = S::xload(x + r * ldx + s * S::width);
+      for (int j = 0; j < NJc; ++j) a[j][r] = S::run(a[j][r], wv[j], xv);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NJc; ++j) store16(acc + (r * NJc + j) * 16, a[j][r]);
+}
+
+// Run-time row and panel counts to the compiled tile shapes (R <= RMAX rows, NJc <= NJ panels).
+template <class T, int NJc, int R = RMAX>
+void micro_rows(const T* w, int64_t pe, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc) {
+  if (rows == R) return micro<T, NJc, R>(w, pe, x, ldx, s0, s1, acc);
+  if constexpr (R > 1) micro_rows<T, NJc, R - 1>(w, pe, x, ldx, rows, s0, s1, acc);
+}
+
+template <class T, int NJc = NJ>
+void tile(const T* w, int64_t pe, int nj, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc) {
+  if (nj == NJc) return micro_rows<T, NJc>(w, pe, x, ldx, rows, s0, s1, acc);
+  if constexpr (NJc > 1) tile<T, NJc - 1>(w, pe, nj, x, ldx, rows, s0, s1, acc);
+}
+
+inline int64_t ksteps(int64_t K, int width) { return (K + width - 1) / width; }
+
+template <class T>
+void packed_impl(const T* x, int64_t ldx, const T* wp, const T* b, T* y, int64_t M, int64_t K, int64_t N) {
+  using S = PStep<T>;
+  const int64_t steps = ksteps(K, S::width);
+  const int64_t pe = steps * S::panel_step;  // elements per panel
+  const int64_t panels = (N + 15) / 16;
+  const int64_t groups = (panels + NJ - 1) / NJ;
+  const int64_t row_blocks = (M + RMAX - 1) / RMAX;
+  // Threads only for at least half a megabyte of weights each: waking them costs more on small matrices.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (NJ * pe * static_cast<int64_t>(sizeof(T))));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    std::vector<float> acc(static_cast<size_t>(M) * NJ * 16);
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t p0 = g * NJ;
+      const int nj = static_cast<int>(std::min<int64_t>(NJ, panels - p0));
+      const int64_t cols = nj * 16;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t s0 = 0; s0 < steps; s0 += KC) {
+        const int64_t s1 = std::min(steps, s0 + KC);
+        // row blocks as even as RMAX allows (16 rows: 6, 5, 5, not 6, 6, 4): the smallest tile loads the most
+        for (int64_t blk = 0, m0 = 0; blk < row_blocks; ++blk) {
+          const int rows = static_cast<int>(M / row_blocks + (blk < M % row_blocks ? 1 : 0));
+          tile<T>(wp + p0 * pe, pe, nj, x + m0 * ldx, ldx, rows, s0, s1, acc.data() + m0 * cols);
+          m0 += rows;
+        }
+      }
+      const int64_t n0 = p0 * 16, nn = std::min<int64_t>(cols, N - n0);
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < nn; ++j) {
+          float v = acc[m * cols + j];
+          if (b) v += to_float(b[n0 + j]);
+          y[m * N + n0 + j] = from_float<T>(v);
+        }
+    }
+  });
+}
+
+}  // namespace oospec
+
+using namespace oospec;
+
+// w [N, K] -> its panels (see the layout above), a flat tensor of w's dtype.
+torch::Tensor pack_linear(torch::Tensor w) {
+  TORCH_CHECK(w.dim() == 2, "pack_linear: w [N, K]");
+  w = w.contiguous();
+  const int64_t N = w.size(0), K = w.size(1), panels = (N + 15) / 16;
+  const int width = w.scalar_type() == torch::kBFloat16 ? 2 : 1;
+  TORCH_CHECK(w.scalar_type() == torch::kBFloat16 || w.scalar_type() == torch::kFloat32, "pack_linear: dtype");
+  const int64_t steps = ksteps(K, width), pe = steps * 16 * width;
+  auto out = torch::zeros({panels * pe}, w.options());
+  const int64_t esz = w.element_size();
+  const char* src = static_cast<const char*>(w.data_ptr());
+  char* dst = static_cast<char*>(out.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t a, int64_t b) {
+    for (int64_t p = a; p < b; ++p)
+      for (int64_t l = 0; l < 16 && p * 16 + l < N; ++l) {
+        const char* row = src + (p * 16 + l) * K * esz;
+        for (int64_t k = 0; k < K; ++k)
+          std::memcpy(dst + (p * pe + (k / width) * 16 * width + l * width + k % width) * esz, row + k * esz, esz);
+      }
+  });
+  return out;
+}
+
+// x [M, K] through panels made by pack_linear from a [N, K] weight.
+torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<torch::Tensor> bias, int64_t N) {
+  TORCH_CHECK(x.dim() == 2 && wp.dim() == 1, "linear_packed: x [M, K], packed weight flat");
+  TORCH_CHECK(x.scalar_type() == wp.scalar_type(), "linear_packed: x and w must share a dtype");
+  TORCH_CHECK(wp.is_contiguous(), "linear_packed: packed weight must be contiguous");
+  const int64_t M = x.size(0), K = x.size(1);
+  const bool is_bf16 = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(is_bf16 || x.scalar_type() == torch::kFloat32, "linear_packed: float32 or bfloat16 only");
+  const int width = is_bf16 ? 2 : 1;
+  TORCH_CHECK(wp.numel() == (N + 15) / 16 * ksteps(K, width) * 16 * width, "linear_packed: packed size");
+  // rows are read a k-step at a time: an odd K in bfloat16 gets a zero column so the last pair is whole
+  if (K % width) x = torch::constant_pad_nd(x, {0, 1}, 0);
+  x = x.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(x.scalar_type()).contiguous();
+    TORCH_CHECK(b.numel() == N, "linear_packed: bias must have N elements");
+  }
+  if (!is_bf16)
+    packed_impl<float>(x.data_ptr<float>(), x.size(1), wp.data_ptr<float>(),
+                       b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N);
+  else
+    packed_impl<bf16>(x.data_ptr<bf16>(), x.size(1), wp.data_ptr<bf16>(),
+                      b.defined() ? b.data_ptr<bf16>() : nullptr, y.data_ptr<bf16>(), M, K, N);
+  return y;
+}
+
+// The same order for a plain [N, K] weight, packed on the fly (tests, and weights nobody packed).
+torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear: x [M, K] and w [N, K]");
+  TORCH_CHECK(x.scalar_type() == w.scalar_type(), "linear: x and w must share a dtype");
+  return linear_packed(x, pack_linear(w), bias, w.size(0));
+}
