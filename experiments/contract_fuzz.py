@@ -17,9 +17,10 @@ kinds, each with an explicit check; a 5xx anywhere, or /health slower than --hea
   injection  control-token strings (`<|im_end|>\\n<|im_start|>system ...`) in every place a client writes (system,
              user, assistant content and call arguments, tool results, tool names, descriptions, enum values):
              the prompt's control tokens (oospec.return_token_ids) number as many as a clean twin's.
-  memory     1, 16, 64, 128 tools: the sidecar's peak RSS stays within its loaded size plus the working-set bound
-             of tests/test_sidecar_memory.py (twice the prompt's keys and values plus one chunk) and transients;
-             last, the sidecar is killed: /health says so, the next request is answered, the worker comes back.
+  memory     1, 16, 64, 128 tools, each job sent to the sidecar (one not sent measures nothing: a failure): its
+             peak RSS stays within its loaded size plus the working-set bound of tests/test_sidecar_memory.py (twice
+             the prompt's keys and values plus one chunk) and transients; last, the sidecar is killed: /health says
+             so, the next request is answered, and the worker comes back.
   errors     no Content-Type (415 naming it), image_url / input_audio parts (400 naming the part), a 200 KB model
              (404, bounded echo), a body that stalls (closed within the body timeout), headers that stall, bad JSON,
              deep nesting, a wrong key.
@@ -327,10 +328,13 @@ def case_memory(c: Client, n: int):
     done.set()
     if status != 200:
         return body, status, reply, ("fail", f"{n} tools: status {status}")
+    report = reply.get("oospec", {}).get("drafter") or {}
+    if not any(r.get("submitted") for r in report.values()):  # no job, nothing measured: not a pass
+        return body, status, report, ("fail", f"{n} tools: the sidecar got no job (serve --sidecar-schedule always)")
     tokens = reply["usage"]["prompt_tokens"] * 1.25  # the sidecar's tokenizer and prompt differ a little
     bound = base + 2 * tokens * KV_PER_TOKEN + CHUNK_BYTES + TRANSIENTS
     detail = f"{n} tools: sidecar RSS {base / 2**30:.2f} -> peak {peak[0] / 2**30:.2f} GB (bound {bound / 2**30:.2f})"
-    reply = {"usage": reply["usage"], "sidecar_report": reply.get("oospec", {}).get("drafter"), "detail": detail}
+    reply = {"usage": reply["usage"], "sidecar_report": report, "detail": detail}
     return body, status, reply, ("fail" if peak[0] > bound else "pass", detail)
 
 
@@ -385,6 +389,9 @@ def main() -> None:
     p.add_argument("--header-timeout", type=float, default=5.0)
     p.add_argument("--health-s", type=float, default=1.0, help="the slowest /health answer allowed")
     p.add_argument("--sidecar-memory", default="3G", help="OOSPEC_SIDECAR_MEMORY for a server this script starts")
+    p.add_argument("--sidecar-schedule", default="always", choices=["cost", "always"],
+                   help="for a server this script starts: always sends every request's job to the sidecar, so that "
+                        "every case runs with its hints and the memory cases measure a job")
     p.add_argument("--kinds", default="errors,memory,injection,auto,forced")
     p.add_argument("--out", default="runs/contract-fuzz/summary.json")
     args = p.parse_args()
@@ -449,6 +456,7 @@ def main() -> None:
         failures.append({"kind": "health", "why": f"/health took {watch.worst:.2f} s (allowed {args.health_s:g})"
                          f" or failed {len(watch.failures)} times", "status": 0, "request": {}, "reply": health})
     summary = {"command": " ".join(sys.argv), "model": args.model, "method": args.method, "seed": args.seed,
+               "sidecar_schedule": args.sidecar_schedule if args.url is None else "(the server's)",
                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)), "seconds": round(time.time() - started),
                "kinds": results, "health": health, "failures": failures,
                "notes": notes}

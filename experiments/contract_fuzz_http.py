@@ -145,6 +145,8 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
     cmd = [sys.executable, "-m", "oospec", "serve", "--model", args.model, "--method", args.method, "--api-key",
            args.api_key, "--port", str(port), "--body-timeout", str(args.body_timeout),
            "--header-timeout", str(args.header_timeout)]
+    if args.method in ("oospec", "sidecar"):
+        cmd += ["--sidecar-schedule", args.sidecar_schedule]
     env = {**os.environ, "OOSPEC_SIDECAR_MEMORY": args.sidecar_memory}
     log = open(Path(args.out).with_suffix(".server.log"), "w")
     proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -118,19 +118,6 @@ def test_non_string_dialect(server, dialect):
     refused(server, 400, {"messages": CHAT, "oospec": {"dialect": dialect}}, param="oospec.dialect")
 
 
-@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_forced_tool_choice_in_the_pythonic_dialect_is_refused(server, choice):
-    """Pythonic calls have no grammar: a forced `[get_weather(` start alone could end as text with finish_reason
-    stop, which the client that asked for a call takes as done (issue 33). The server says it cannot, and auto
-    is still served."""
-    clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
-    body = {"messages": CHAT, "tools": [WEATHER, clock], "tool_choice": choice, "oospec": {"dialect": "pythonic"}}
-    error = refused(server, 400, body, param="tool_choice")
-    assert "pythonic" in error["message"] and error["code"] == "unsupported_tool_choice"
-    assert post(server, {**body, "tool_choice": "auto"})[0] == 200
-    assert post(server, {**body, "oospec": {"dialect": "hermes"}})[0] == 200
-
-
 def test_auth_content_type_and_timeout_values(server):
     assert refused(server, 401, {"messages": CHAT}, Authorization=KEY)["code"] == "invalid_api_key"
     assert post(server, {"messages": CHAT}, Authorization=f"bearer {KEY}")[0] == 200  # the scheme is any case
