@@ -143,6 +143,10 @@ def test_serve_drafts_as_oospec_with_the_shipped_sidecar_unless_told(recorded_si
     assert drafter.name == "oospec" and drafter.sidecar_drafter.sidecar is sidecar
     drafter, sidecar = make_server_drafter(build_parser().parse_args(["serve", "--method", "toolspec"]))
     assert sidecar is None and drafter.name == "toolspec" and len(recorded_sidecar) == 1
+    drafter, _ = make_server_drafter(build_parser().parse_args(["serve", "--method", "oospec"]))
+    assert drafter.sidecar_drafter.schedule == "cost"
+    drafter, _ = make_server_drafter(build_parser().parse_args(["serve", "--sidecar-schedule", "always"]))
+    assert drafter.sidecar_drafter.schedule == "always"  # the fuzz's memory cases need every job sent
 
 
 def test_a_server_service_refuses_oospec_without_a_sidecar():

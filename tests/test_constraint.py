@@ -215,3 +215,39 @@ def test_random_schemas_and_prompts_always_give_a_call_and_speculation_changes_n
         spec = engine.generate(prompt_ids=prompt, max_new_tokens=RANDOM_MAX_NEW, drafter=drafter, tools=tools,
                                dialect=dialect.name, constraint=engine.constraint(grammar, forced))
         assert np.array_equal(spec.tokens, plain.tokens), where
+
+
+def test_bounds_no_float_holds_compile(engine):
+    """Issue 33's fuzz: `minimum: 1e400` arrives as infinity, which the grammar's JSON cannot write; llguidance
+    refused the grammar and tool_choice got a 400. The bound is left out and the forced reply is still a call."""
+    params = json.loads('{"type": "object", "properties": {"x": {"type": "number", "minimum": 1e400}, "n": {'
+                        '"type": "integer", "maximum": -1e400, "enum": [1, 2, 1e400]}}, "required": ["n"]}')
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": params}}]
+    dialect = get_dialect("hermes")
+    grammar = call_grammar(tools, ["calc"], dialect, special_tokens=engine.grammar_vocabulary().special_tokens)
+    schema = json.loads(grammar.split("%json ", 1)[1].splitlines()[0])
+    assert schema["properties"]["x"] == {"type": "number"} and schema["properties"]["n"]["enum"] == [1, 2]
+    forced = forced_call_start(dialect, "calc")
+    prompt = np.concatenate([engine.encode(MESSAGES), engine.tokenizer.encode(forced, add_special_tokens=False)])
+    gen = engine.generate(prompt_ids=prompt, max_new_tokens=MAX_NEW, constraint=engine.constraint(grammar, forced))
+    calls = dialect.parse(forced + engine.tokenizer.decode(gen.tokens, skip_special_tokens=True))
+    assert [c.name for c in calls] == ["calc"] and calls[0].arguments["n"] in (1, 2)
+
+
+def test_nested_objects_are_closed_to_undeclared_keys(engine):
+    """Issue 33's fuzz: only the top-level object was closed, and a model filled a nested object with its own
+    schema's keys ({"user": {"type": "string", "enum": [...]}}). Every object naming its properties is closed,
+    in arrays and anyOf too; one that allows others keeps them, allOf members are left as given."""
+    user = {"type": "object", "properties": {"id": {"type": "integer"}}}
+    params = {"type": "object", "properties": {
+        "user": user, "users": {"type": "array", "items": user}, "either": {"anyOf": [user, {"type": "string"}]},
+        "open": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": True},
+        "both": {"allOf": [user, {"properties": {"b": {"type": "string"}}}]}}}
+    grammar = call_grammar([{"type": "function", "function": {"name": "f", "parameters": params}}], ["f"],
+                           get_dialect("hermes"))
+    props = json.loads(grammar.split("%json ", 1)[1].splitlines()[0])["properties"]
+    assert props["user"]["additionalProperties"] is False and props["users"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert props["open"]["additionalProperties"] is True and "additionalProperties" not in props["both"]["allOf"][0]
+    assert "additionalProperties" not in user  # the client's tools are not changed
+    engine.constraint(grammar, forced_call_start(get_dialect("hermes"), "f"))  # and llguidance compiles it

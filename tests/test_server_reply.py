@@ -344,3 +344,31 @@ def test_a_forced_call_cut_right_after_its_start_is_a_cut_call(tokenizer):
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in reply.tool_calls] == [("get_time", written)]
         content, streamed = assemble(rb.drain())
         assert content == "" and [c["name"] for c in streamed] == ["get_time"]
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_tool_choice_in_the_pythonic_dialect_is_refused(smollm2_tokenizer, choice):
+    """Pythonic calls have no grammar: a forced `[get_weather(` start alone could end as text with finish_reason
+    stop, which the client that asked for a call takes as done (issue 33). The server says it cannot; auto in
+    that dialect, and the same choice in a JSON dialect, are prepared."""
+    from helpers import tiny_model
+
+    from oospec.engine.engine import Engine
+    from oospec.server.service import ModelService, ServerConfig
+
+    service = ModelService(Engine(tiny_model("qwen2", vocab=len(smollm2_tokenizer)), smollm2_tokenizer),
+                           ServerConfig(model_name="tiny", method="toolspec"))
+    try:
+        weather = {"type": "function", "function": {"name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+        clock = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+        body = {"messages": [{"role": "user", "content": "hi"}], "tools": [weather, clock], "tool_choice": choice,
+                "oospec": {"dialect": "pythonic"}}
+        with pytest.raises(APIError) as e:
+            service.prepare(parse_chat_request(body))
+        assert e.value.status == 400 and e.value.body()["error"]["code"] == "unsupported_tool_choice"
+        assert "pythonic" in e.value.body()["error"]["message"] and e.value.body()["error"]["param"] == "tool_choice"
+        assert service.prepare(parse_chat_request({**body, "tool_choice": "auto"})).constraint is None
+        assert service.prepare(parse_chat_request({**body, "oospec": {"dialect": "hermes"}})).constraint is not None
+    finally:
+        service.close()

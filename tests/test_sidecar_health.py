@@ -64,6 +64,27 @@ def test_a_killed_sidecar_is_reaped_at_once_and_reported_dead():
     assert client.state == "disabled"
 
 
+def test_a_killed_sidecar_counts_one_crash_and_is_restarted_without_a_job():
+    """Issue 33's fuzz: after a kill, every decode step's drain read the closed pipe as another crash (286 for one
+    kill) and, the cost model sending no job, the worker was never restarted. One death is one fault; `check`
+    (each request's start) restarts it with no job sent."""
+    with fake_client() as client:
+        pid = client.pid
+        os.kill(pid, signal.SIGKILL)
+        while gone_or_zombie(pid) != "gone":
+            time.sleep(0.05)
+        for _ in range(50):  # the decode loop asks every step whether the sidecar's threads are free
+            client.idle_threads()
+            client.poll(None)
+        assert client.stats.faults == {"crashed": 1} and client.stats.restarts == 1 and client.pid != pid
+        assert client.state in ("restarting", "alive") and client.stats.submitted == 0
+        assert client.wait_ready(120) and client.check() and client.stats.faults == {"crashed": 1}
+        os.kill(client.pid, signal.SIGKILL)
+        while client.state != "dead":
+            time.sleep(0.05)
+        assert client.check() and client.stats.restarts == 2 and client.stats.submitted == 0
+
+
 def test_a_sidecar_that_fails_too_often_rests_then_comes_back():
     with fake_client(max_restarts=1, quiet_period_s=1.5) as client:
         for i in range(2):  # two deaths: one restart, then rest

@@ -140,3 +140,22 @@ def test_a_cleared_sidecar_cache_is_read_whole_again():
     assert plan.new_tokens(_prompt(600)) == 0
     plan.cache_cleared()
     assert plan.new_tokens(_prompt(600)) == 600
+
+
+def test_a_request_the_schedule_sends_no_job_still_checks_the_worker():
+    """Issue 33's fuzz: a killed sidecar was restarted only by a job, and the cost model sent none, so it stayed
+    dead. Every request's start asks the client to check its worker (and restart a dead one), job or not."""
+    class Checked(CpuSidecar):
+        checks = 0
+
+        def check(self):
+            Checked.checks += 1
+            return True
+
+    drafter = OoOSpecDrafter(Checked([Guess("get_weather", {"city": "Paris"})]))
+    inner = drafter.sidecar_drafter
+    inner.plan.explore = 0
+    for _ in range(10):
+        inner.plan.step(0.01)  # a tiny target: the job is not worth sending
+    _serve(drafter, 650, 0)
+    assert not inner.report.submitted and Checked.checks == 1

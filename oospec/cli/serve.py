@@ -54,6 +54,11 @@ def add_serve_parser(sub) -> None:
                    help="seconds a connection may take to send a request's headers before it is closed")
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds a request's body may take to arrive whole before the server answers 408 and closes")
+    # "always": every request with tools sends the sidecar its job (what a memory or load test needs to measure);
+    # "cost": only where the cost model expects it to pay (oospec.drafters.sidecar_schedule), the default.
+    p.add_argument("--sidecar-schedule", choices=["cost", "always"], default="cost",
+                   help="which requests send the sidecar a job (method oospec/sidecar): where the cost model expects "
+                        "it to pay, or always")
     p.add_argument("--no-warmup", action="store_true", help="skip the warm-up generation before serving")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_runtime_options(p)
@@ -66,7 +71,9 @@ def make_server_drafter(args):
     starts for --method oospec/sidecar only, with the same settings (adapter auto) as every other command."""
     from oospec.pipeline import start_drafter
 
-    return start_drafter(args.method, method_sidecar(args))
+    sidecar = method_sidecar(args)
+    schedule = getattr(args, "sidecar_schedule", "cost")
+    return start_drafter(args.method, sidecar, **({"schedule": schedule} if sidecar is not None else {}))
 
 
 def build_service(args):

@@ -146,6 +146,9 @@ class SidecarDrafter(Drafter):
         self.tool_names = frozenset(t.name for t in self.schema.tools) if self.schema.active else frozenset()
         if self.sidecar is None or not self.schema.active:
             return
+        check = getattr(self.sidecar, "check", None)  # a dead worker is restarted whether or not a job is sent
+        if check is not None:
+            check()
         dialect = self.schema.dialect
         habits = self.schema.habits
         tools = self.schema.tools

@@ -16,7 +16,8 @@ The forced text is appended to the prompt after the generation header, so the ge
 target's greedy continuation of it; it is part of the reply's text (and of `usage.prompt_tokens`). For required
 and function, what follows is decoded under the call grammar (oospec.tools.call_grammar, `call_constraint`):
 only offered (or the named) functions, arguments an object following the function's parameters, then the end
-of the turn. Pythonic calls have no grammar: for that dialect the forced start is all.
+of the turn. Pythonic calls have no grammar, so for that dialect required and named tool_choice are refused (400):
+a forced `[f(` start alone could still end as text, which a client that asked for a call cannot tell from one.
 """
 
 from __future__ import annotations
@@ -85,10 +86,15 @@ def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
 
 
 def call_constraint(engine, req: ChatRequest, prompt: Prompt) -> GrammarConstraint | None:
-    """The grammar a reply that must call a tool is decoded under (None: tool_choice none or auto, or a dialect
-    without one), or a 400 when the tools' parameters cannot be compiled into one."""
-    if req.tool_choice not in ("required", "function") or not prompt.dialect.openers:
+    """The grammar a reply that must call a tool is decoded under (None: tool_choice none or auto), or a 400 when
+    there can be none: a dialect without a grammar (pythonic), or tools' parameters that do not compile into one."""
+    if req.tool_choice not in ("required", "function"):
         return None
+    if not prompt.dialect.openers:
+        choice = "required" if req.forced_function is None else f"naming function {req.forced_function!r}"
+        raise bad_request(f"tool_choice {choice} cannot be honoured in the {prompt.dialect.name!r} dialect: its calls "
+                          "have no grammar to hold the reply to a call; use tool_choice 'auto', or a JSON dialect "
+                          "such as 'hermes'", "tool_choice", code="unsupported_tool_choice")
     function = req.forced_function if req.tool_choice == "function" else None
     try:
         return engine.call_constraint(req.tools or [], prompt.dialect, function, parallel=req.parallel_tool_calls)

@@ -7,7 +7,7 @@ each with its own ticket (vLLM runs requests side by side); `cancel` drops the j
 before the worker got to it.
 
 Faults are contained here: a worker that dies is reaped at once (a thread waits on it, so it never lingers as
-a zombie), noticed on the next `poll`/`submit` and restarted for the next request; one that hangs past
+a zombie), noticed at the next request's start (`check`) or poll and restarted then; one that hangs past
 `hang_timeout_s` is killed and restarted. More than `max_restarts` failures within `restart_window_s` and the
 client rests: decoding goes on without hints until `quiet_period_s` have passed, then the worker is started
 again (issue 33: a few crashes no longer cost the sidecar for the life of the server). A worker that cannot
@@ -171,7 +171,7 @@ class SidecarClient:
     @property
     def state(self) -> str:
         """Where the worker stands: "alive" (loaded, answering), "loading" (first start), "restarting" (loading
-        after a restart), "dead" (exited: restarted with the next request), "resting" (failed too often: started
+        after a restart), "dead" (exited: restarted when the next request with tools starts), "resting" (failed too often: started
         again after the quiet period), "disabled" (closed, or it cannot load its model). Only reads: safe to call
         from another thread (/health) while the decode loop uses the client."""
         if self._closed:
@@ -283,17 +283,24 @@ class SidecarClient:
                 self._fault("crashed", f"cannot reach the sidecar: {exc}")
 
     # -- requests ------------------------------------------------------------------------------------------
+    def check(self) -> bool:
+        """Whether a worker is there to take a job, starting the next one if the last died (never waits). The
+        sidecar drafter calls it at every request's start: a worker killed while the cost model sent no jobs
+        stayed dead for good (issue 33's fuzz), and /health said so on every later request."""
+        if self._closed or not self._wake():
+            return False
+        self._drain()  # answers already sent count before judging the worker; a closed pipe restarts it
+        if self._proc is not None and not self._alive():
+            self._fault("crashed", f"the sidecar process exited (code {self._proc.returncode}); restarting it")
+            return self._restart("crashed")
+        return self._proc is not None
+
     def submit(self, job: Job | dict, tools: Sequence[Tool]) -> Ticket | None:
         """Send a job (never waits). Returns its ticket, or None when the sidecar is unavailable."""
         job = job if isinstance(job, Job) else Job(**job)
-        if self._closed or not self._wake():
+        if not self.check():
             return None
-        self._drain()  # answers already sent count before judging the worker hung
-        if self._proc is not None and not self._alive():
-            self._fault("crashed", f"the sidecar process exited (code {self._proc.returncode}); restarting it")
-            if not self._restart("crashed"):
-                return None
-        elif self._busy_since is not None and time.monotonic() - self._busy_since > self.hang_timeout_s:
+        if self._busy_since is not None and time.monotonic() - self._busy_since > self.hang_timeout_s:
             self._fault("hang", f"the sidecar has not answered for {self.hang_timeout_s:.0f} s; restarting it")
             if not self._restart("hang"):
                 return None
@@ -336,8 +343,11 @@ class SidecarClient:
                 kind, body = self._conn.recv()
                 self._handle(kind, body)
         except (EOFError, OSError):
+            # One fault per death, and the next worker started now (`_restart` closes this pipe): a closed pipe
+            # left in place reads as closed again at every poll, and each counted as another crash (286 in
+            # one fuzz run) while the worker stayed dead.
             self._fault("crashed", "the sidecar process died mid-request")
-            self._abandon("crashed")
+            self._restart("crashed")
 
     def _abandon(self, fault: str) -> None:
         """Every outstanding job is lost (the worker died, was restarted or cleared): its ticket ends with `fault`."""

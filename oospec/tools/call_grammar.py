@@ -10,14 +10,16 @@ with JSON written as chat templates' ``tojson`` writes it (``", "`` and ``": "``
 constrained reply is the text the target was trained to write. Every layout fact comes from the dialect itself
 (`Dialect.render` and `render_json`, the one renderer): nothing here restates how a dialect writes calls.
 
-Parameters schemas are the tools' own; where a schema names its properties but says nothing about others, the
-grammar allows only the named ones (as OpenAI's strict mode does): a call cannot carry arguments nobody declared.
+Parameters schemas are the tools' own; where a schema (or any object in it) names its properties but says nothing
+about others, the grammar allows only the named ones (as OpenAI's strict mode does): a call cannot carry arguments
+nobody declared.
 Dialects whose calls are not JSON objects (pythonic) have no grammar here (`CallGrammarUnavailable`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -85,13 +87,52 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], names: Sequence[str], diale
 
 def arguments_schema(parameters: Any) -> dict:
     """The JSON schema the arguments object follows: the tool's parameters, always an object (whatever type a
-    schema claims), closed to undeclared properties unless the schema opens it, written in tojson's layout."""
-    schema = dict(parameters) if isinstance(parameters, Mapping) else {}
+    schema claims), closed to undeclared properties (`closed`), written in tojson's layout."""
+    schema = closed(finite(dict(parameters))) if isinstance(parameters, Mapping) else {}
     schema["type"] = "object"
-    if "properties" in schema:
-        schema.setdefault("additionalProperties", False)
     schema["x-guidance"] = JSON_LAYOUT  # the client's own x-guidance (if any) does not change the layout
     return schema
+
+
+_SUBSCHEMA = ("items", "additionalProperties", "not", "contains", "if", "then", "else")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+_SUBSCHEMA_MAPS = ("$defs", "definitions", "patternProperties", "dependentSchemas")
+
+
+def closed(schema: Any) -> Any:
+    """`schema` with every object that names its properties, at any depth, closed to others unless it says
+    otherwise: a nested object was left open, and a model wrote the parameter's schema ({"type": ..., "enum":
+    ...}) as its value (issue 33's fuzz). allOf members are left as they are: closing each would refuse the
+    properties the others declare."""
+    if not isinstance(schema, Mapping):
+        return schema
+    out = dict(schema)
+    if isinstance(out.get("properties"), Mapping):
+        out["properties"] = {k: closed(v) for k, v in out["properties"].items()}
+        out.setdefault("additionalProperties", False)
+    for key in _SUBSCHEMA:
+        if isinstance(out.get(key), Mapping):
+            out[key] = closed(out[key])
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [closed(v) for v in out[key]]
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), Mapping):
+            out[key] = {k: closed(v) for k, v in out[key].items()}
+    return out
+
+
+def finite(value: Any) -> Any:
+    """`value` without the numbers JSON cannot write: a client's `minimum: 1e400` is parsed as infinity, which
+    the grammar's JSON text cannot hold (llguidance refused the whole grammar, issue 33). A bound no float can
+    reach says nothing a call could break, so a key holding one is left out, and so is such an item of a list."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {k: finite(v) for k, v in value.items() if not (isinstance(v, float) and not math.isfinite(v))}
+    if isinstance(value, list):
+        return [finite(v) for v in value if not (isinstance(v, float) and not math.isfinite(v))]
+    return value
 
 
 def _literal(text: str, markers: Mapping[str, int]) -> str:
