@@ -118,3 +118,38 @@ def test_write_results_prints_the_short_summary(tmp_path, capsys):
     assert "WARNING: few items (apibank: 1 item)" in out and "report: " in out and "## apibank" not in out
     assert json.loads((tmp_path / "summary.json").read_text())["apibank"]["toolspec"]["n"] == 1
     assert (tmp_path / "speedup.png").is_file() and "| toolspec |" in (tmp_path / "report.md").read_text()
+
+
+def test_bench_serve_writes_the_records_every_bench_writes(tmp_path):
+    """bench serve's files come from oospec.bench.records as bench run's do: samples.jsonl with each turn's
+    comparison against the first configuration, and the JSON report."""
+    from oospec.bench import serve
+
+    def turn(i, tokens):
+        return {"turn": i, "latency_s": 1.0, "prompt_tokens": 9, "cached_tokens": 0, "completion_tokens": 2,
+                "finish_reason": "stop", "stats": {"prefill_s": 0.5, "decode_s": 0.5, "tau": 1.0, "drafter": None},
+                "token_ids": tokens, "tool_calls": []}
+
+    report = {"dialogue": "d", "dataset": "apibank:1", "turn_ids": ["t1", "t2"], "target": "t", "max_tokens": 8,
+              "threads": 1, "configs": ["ar cold", "ar reuse"], "identical_to_first": {"ar cold": True, "ar reuse": False},
+              "trained_turns": [], "turns": {"ar cold": [turn(1, [1, 2]), turn(2, [3, 4])],
+                                             "ar reuse": [turn(1, [1, 2]), turn(2, [3, 5])]}}
+    out = serve.write(report, tmp_path / "out", ["apibank:1"])
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert [(r["method"], r["sample_id"], r["identical"], r.get("first_diff")) for r in records] == [
+        ("ar cold", "t1", True, None), ("ar cold", "t2", True, None), ("ar reuse", "t1", True, None),
+        ("ar reuse", "t2", False, 1)]
+    assert json.loads((out / "serve.json").read_text())["dialogue"] == "d" and (out / "serve.md").is_file()
+
+
+def test_bench_serve_picks_its_dialogue_among_the_selected_sessions():
+    from oospec.bench.items import BenchError, Selection, load_datasets
+    from oospec.bench.serve import pick_dialogue
+
+    (_, two), = load_datasets(Selection(datasets=["apibank:1"], sessions=True, limit=2))
+    name, turns = pick_dialogue(two, None)
+    assert turns and all(s in two for s in turns) and len({s.id for s in turns}) == len(turns)
+    (_, first), = load_datasets(Selection(datasets=["apibank:1"], sessions=True, limit=1))
+    assert [s.id for s in pick_dialogue(two, pick_dialogue(first, None)[0])[1]] == [s.id for s in first]
+    with pytest.raises(BenchError, match="no dialogue"):
+        pick_dialogue(two, "nope")

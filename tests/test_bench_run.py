@@ -9,10 +9,12 @@ import torch
 from helpers import request_by_id
 
 from oospec.bench import run as bench_run
-from oospec.bench.config import BenchConfig, BenchError, load_datasets
+from oospec.bench.config import BenchConfig
+from oospec.bench import items as bench_items
+from oospec.bench.items import BenchError, load_datasets
 from oospec.bench.hf_peers import ForwardCounter
 from oospec.bench.methods import parse_methods
-from oospec.bench.run import first_difference
+from oospec.bench.records import first_difference
 from oospec.errors import OospecError
 from oospec.sidecar.provenance import training_manifest, weights_sha256
 
@@ -204,7 +206,7 @@ def test_shipped_adapter_holds_out_the_default_benchmark_items():
     adapter = resolve_adapter("qwen2.5-coder-0.5b", "auto")
     assert training_manifest(adapter) is not None
     datasets = load_datasets(BenchConfig(datasets=["apibank"], split="1", limit=8))
-    assert bench_run.check_trained_items(datasets, adapter, allow=False) == []
+    assert bench_items.check_trained_items(datasets, adapter, allow=False) == []
 
 
 def test_trained_items_are_refused_before_any_model_loads(tmp_path):
@@ -215,7 +217,7 @@ def test_trained_items_are_refused_before_any_model_loads(tmp_path):
     with pytest.raises(BenchError, match="not held out.*calls training tool.*--allow-trained-items"):
         bench_run.run_benchmark(cfg)
     # Without a sidecar method the adapter plays no part: nothing to check.
-    assert bench_run.check_trained_items(_apibank(1), None, allow=False) == []
+    assert bench_items.check_trained_items(_apibank(1), None, allow=False) == []
 
 
 def test_allowed_trained_items_digest_and_fresh_sidecar_cache(tiny_engine, tmp_path, capsys, monkeypatch):
@@ -288,11 +290,11 @@ def test_offset_and_held_out_only_select_items(tmp_path):
     (_, shifted), = load_datasets(BenchConfig(datasets=["apibank"], split="1", offset=3, limit=4))
     assert [s.id for s in shifted] == [s.id for s in all_items[3:7]]
     folder = _adapter(tmp_path, train_items=[all_items[4].id], train_tools=[all_items[5].gold[0].name])
-    trained = bench_run.trained_item_filter(str(folder))
+    trained = bench_items.trained_item_filter(str(folder))
     (_, held), = load_datasets(BenchConfig(datasets=["apibank"], split="1", offset=3, limit=4), exclude=trained)
     assert all_items[4].id not in {s.id for s in held} and len(held) == 4
     assert not any(trained(s) for s in held)
-    assert bench_run.trained_item_filter(None) is None
+    assert bench_items.trained_item_filter(None) is None
     for bad, message in ((dict(limit=0), "--limit must be at least 1"), (dict(offset=-1), "--offset must be >= 0")):
         with pytest.raises(BenchError, match=message):
             load_datasets(BenchConfig(datasets=["apibank"], **bad))

@@ -178,3 +178,30 @@ def test_every_command_that_limits_the_reply_length_names_it_alike():
     parser = build_parser()
     assert parser.parse_args(["serve", "--default-max-tokens", "7"]).max_new_tokens == 7
     assert parser.parse_args(["bench", "serve", "--max-tokens", "9"]).max_new_tokens == 9
+
+
+def test_the_benchmarks_choose_their_items_with_the_same_options():
+    """bench run, serve and vllm: --dataset, --split, --data, --items, --offset, --limit, --held-out-only and
+    --allow-trained-items, one definition (oospec.cli.options.add_item_options), one default each."""
+    import argparse
+
+    from oospec.cli import build_parser
+    from oospec.cli.options import add_item_options
+
+    own = argparse.ArgumentParser()
+    add_item_options(own)
+    want = {a.dest: (a.option_strings, a.default) for a in own._actions if a.dest != "help"}
+    parser = build_parser()
+    for words in (["bench", "run"], ["bench", "serve"], ["bench", "vllm"]):
+        sub = parser
+        for word in words:
+            sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
+        got = {a.dest: (a.option_strings, a.default) for a in sub._actions if a.dest in want}
+        assert got == want, words
+    args = parser.parse_args(["bench", "vllm", "--model", "m", "--dataset", "apibank:1,bfcl", "--dataset", "x",
+                              "--items", "a, b"])
+    from oospec.cli.options import item_selection
+
+    assert item_selection(args) == {"datasets": ["apibank:1", "bfcl", "x"], "split": None, "data": [], "offset": 0,
+                                    "limit": None, "items": ["a", "b"], "held_out_only": False,
+                                    "allow_trained_items": False}

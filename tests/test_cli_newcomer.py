@@ -196,6 +196,8 @@ def test_help_shows_defaults_choices_and_an_example(capsys):
     for argv in (["bench", "serve"], ["bench", "cost-curve"], ["models", "pull"], ["models", "list"],
                  ["sidecar", "train"], ["sidecar", "eval"], ["sidecar", "traces"]):
         assert "example:" in help_text(argv, capsys), argv
+    text = " ".join(help_text(["bench", "vllm"], capsys).split())
+    assert "example:" in text and "(default: float32)" in text and "(default: 8)" in text and "(default: all)" in text
 
 
 def test_verbose_goes_before_or_after_the_command():
@@ -372,7 +374,7 @@ def test_the_server_logs_one_line_per_request(smollm2_engine, caplog):
 
     import openai
 
-    from oospec.server.replay import serving
+    from oospec.server.loopback import serving
     from oospec.server.service import ModelService, ServerConfig
 
     caplog.set_level(logging.INFO, logger="oospec.server")

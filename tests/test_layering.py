@@ -2,13 +2,14 @@
 TYPE_CHECKING, is read with `ast` and checked against the layering (lowest first):
 
     errors -> tools, models -> engine -> sidecar -> drafters -> datasets, pipeline
-    -> {bench, server, training, integrations} -> demo, cli
+    -> {server, training, integrations} -> bench -> demo, cli
 
 Outside the package and its tests (experiments/, examples/, any other script in the repository), code uses
 oospec only through its public API, PUBLIC_API below: an internal that moves would break such a script silently.
 
-A module may import its own package and anything in a lower layer; bench, server, training and integrations
-(oospec inside other engines) never import each other; `oospec/__init__.py` (the public API) may import the
+A module may import its own package and anything in a lower layer; server, training and integrations (oospec
+inside other engines) never import each other; bench, the one benchmark application, sits above them (it
+measures the server and oospec inside vLLM), and none of them imports it; `oospec/__init__.py` (the public API) may import the
 pipeline (oospec.load) and below. On top of the layers, no
 two modules may import each other through any chain (a cycle), and neither may two packages.
 """
@@ -28,11 +29,12 @@ LAYERS = [
     {"sidecar"},
     {"drafters"},
     {"datasets", "pipeline"},  # pipeline: oospec.load, an engine with its drafter and sidecar
-    {"bench", "server", "training", "integrations"},
+    {"server", "training", "integrations"},
+    {"bench"},  # every benchmark, of the engine, the server (bench serve) and vLLM (bench vllm)
     {"demo", "cli", "__main__"},  # __main__: `python -m oospec`, if it ever exists, is a CLI entry point
 ]
 LAYER = {name: rank for rank, names in enumerate(LAYERS) for name in names}
-APPLICATIONS = {"bench", "server", "training", "integrations"}
+APPLICATIONS = {"server", "training", "integrations"}
 ROOT = "oospec"  # oospec/__init__.py
 LAYER[ROOT] = LAYER["pipeline"]  # the public API re-exports the engine and oospec.load
 

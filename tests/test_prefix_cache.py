@@ -124,10 +124,11 @@ def test_on_tokens_sees_every_token_and_can_stop(tiny):
 def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar(smollm2_engine):
     """A real multi-turn API-Bank dialogue, turn by turn, with toolspec and prefix reuse: token-identical to
     cold plain greedy (`ar`, no cache) on SmolLM2-135M."""
-    from oospec.server.replay import pick_dialogue
+    from oospec.bench.serve import pick_dialogue
+    from oospec.datasets import load_dataset
 
     engine = smollm2_engine
-    _, turns = pick_dialogue(None)
+    _, turns = pick_dialogue(load_dataset("apibank", split="1"), None)
     cache = PrefixCache(max_bytes=256 << 20)
     drafter = make_drafter("toolspec")
     for i, sample_ in enumerate(turns[:3]):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import json
 import random
 import shutil
-from types import SimpleNamespace
 
 import pytest
 
-from oospec.bench import run as bench_run
-from oospec.bench.config import BenchConfig, BenchError, load_datasets
+from oospec.bench import items as bench_items
+from oospec.bench import serve
+from oospec.bench.config import BenchConfig
+from oospec.bench.items import BenchError, Selection, load_datasets, select
+from oospec.bench.vllm_run import sidecar_adapter
 from oospec.datasets import load_dataset
-from oospec.integrations.vllm.bench import trained_chats
-from oospec.server import replay
 from oospec.sidecar.process import SidecarSettings, resolve_adapter
 from oospec.sidecar.provenance import (ADAPTERS_DIR, Request, content_section, not_held_out, request_hashes,
                                        training_manifest)
@@ -79,15 +79,15 @@ def test_an_external_file_is_checked_by_content_not_by_its_colliding_ids(tmp_pat
     cfg = BenchConfig(data=[_write_apibank(tmp_path / "ext" / "level-1-api_processed.json", fresh)])
     datasets = load_datasets(cfg)
     assert [s.id for _, items in datasets for s in items] == ["apibank-l1-0", "apibank-l1-1"]
-    assert bench_run.check_trained_items(datasets, adapter, allow=False) == []
+    assert bench_items.check_trained_items(datasets, adapter, allow=False) == []
     # An earlier turn of the trained dialogue, under a fresh id (apibank-l1-1 of this file): refused, naming it.
     cfg = BenchConfig(data=[_write_apibank(tmp_path / "ext2" / "level-1-api_processed.json",
                                            [records[3], records[23]])])
     datasets = load_datasets(cfg)
     with pytest.raises(BenchError, match=r"1 benchmark item.*apibank-l1-1 \(its request is an earlier part of "
                                          r"the dialogue of training item apibank-l1-25\)"):
-        bench_run.check_trained_items(datasets, adapter, allow=False)
-    (_, kept), = load_datasets(cfg, exclude=bench_run.trained_item_filter(adapter))  # --held-out-only
+        bench_items.check_trained_items(datasets, adapter, allow=False)
+    (_, kept), = load_datasets(cfg, exclude=bench_items.trained_item_filter(adapter))  # --held-out-only
     assert [s.id for s in kept] == ["apibank-l1-0"]
 
 
@@ -106,7 +106,7 @@ def test_an_external_toolalpaca_file_with_colliding_ids_is_not_refused_whole(tmp
     datasets = load_datasets(BenchConfig(data=[str(path)]))
     ids = [s.id for _, items in datasets for s in items]
     assert ids[:2] == [s.id for s in trained] and len(ids) == len(asked) + 1
-    found = bench_run.check_trained_items(datasets, adapter, allow=True)
+    found = bench_items.check_trained_items(datasets, adapter, allow=True)
     assert [(t["sample_id"], t["why"]) for t in found] == [
         (ids[-1], [f"its request is training item {trained[1].id}"])]
 
@@ -183,19 +183,26 @@ def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
     assert training_manifest(folder).overlap(renamed) == [expected]
 
 
-def test_serve_and_vllm_benchmarks_name_the_trained_turns_they_run():
-    """`bench serve` and `bench vllm` run fixed items with the sidecar: they warn about, and list, those the shipped
-    adapter does not hold out (the default serve dialogue is all training items)."""
-    _, turns = replay.pick_dialogue(None)
+def test_serve_and_vllm_benchmarks_check_the_items_as_bench_run_does():
+    """`bench serve` and `bench vllm` choose and check their items with bench run's functions (oospec.bench.items):
+    with the sidecar, the shipped adapter's training items are refused unless allowed, then listed (the default
+    serve dialogue is all training items)."""
+    _, turns = serve.pick_dialogue(load_dataset("apibank", split="1"), None)
     adapter = resolve_adapter(SidecarSettings().model, "auto")
+    assert sidecar_adapter() == adapter  # the adapter the oospec-sidecar setting of `bench vllm` runs
     trained = not_held_out(adapter, [s.provenance_request() for s in turns])
     assert [t["sample_id"] for t in trained] == [s.id for s in turns]
-    chats = trained_chats(SimpleNamespace(dataset=["apibank:1"], limit=4, offset=21))  # items 21-24
-    assert [t["sample_id"] for t in chats] == ["apibank-l1-21", "apibank-l1-22", "apibank-l1-23", "apibank-l1-24"]
-    assert "an earlier part of the dialogue of training item apibank-l1-25" in chats[2]["why"][0]
+    chats = Selection(datasets=["apibank:1"], limit=4, offset=21)  # items 21-24
+    with pytest.raises(BenchError, match="4 benchmark item"):
+        select(chats, adapter)
+    _, trained_chats = select(Selection(datasets=["apibank:1"], limit=4, offset=21, allow_trained_items=True), adapter)
+    assert [t["sample_id"] for t in trained_chats] == ["apibank-l1-21", "apibank-l1-22", "apibank-l1-23",
+                                                       "apibank-l1-24"]
+    assert "an earlier part of the dialogue of training item apibank-l1-25" in trained_chats[2]["why"][0]
+    assert select(chats, None)[1] == []  # no sidecar: nothing to check
     row = {"turn": 0, "prompt_tokens": 9, "latency_s": 1.0, "cached_tokens": 0,
            "stats": {"prefill_s": 0.5, "decode_s": 0.5, "tau": 1.0, "drafter": None}}
     report = {"dialogue": "d", "target": "t", "max_tokens": 8, "threads": 1, "configs": ["ar"],
               "identical_to_first": {"ar": True}, "turns": {"ar": [row]}, "trained_turns": trained}
-    assert f"WARNING: {len(trained)} turn(s) the sidecar adapter used in training" in replay.markdown(report)
-    assert "WARNING" not in replay.markdown({**report, "trained_turns": []})
+    assert f"WARNING: {len(trained)} turn(s) the sidecar adapter used in training" in serve.markdown(report)
+    assert "WARNING" not in serve.markdown({**report, "trained_turns": []})

@@ -256,9 +256,9 @@ def test_ci_server_block_against_a_real_server(smollm2_path, tmp_path):
 def test_readme_benchmarks_with_a_sidecar_run_held_out_items():
     """`bench run` refuses, for sidecar methods, items the shipped adapter was trained on: a README command that
     asks for them would stop with that error, so every such command must ask for held-out items only."""
-    from oospec.bench.config import BenchConfig, load_datasets
+    from oospec.bench.items import Selection, select
     from oospec.bench.methods import parse_methods, uses_sidecar
-    from oospec.bench.run import check_trained_items, trained_item_filter
+    from oospec.cli.options import item_selection
     from oospec.sidecar.process import resolve_adapter
 
     checked = 0
@@ -270,10 +270,8 @@ def test_readme_benchmarks_with_a_sidecar_run_held_out_items():
         if args.allow_trained_items or not any(uses_sidecar(m) for m in parse_methods(args.methods)):
             continue
         adapter = resolve_adapter(args.sidecar_model, args.sidecar_adapter)
-        # The items the command selects, as bench run selects them (--offset, --held-out-only, --limit).
-        exclude = trained_item_filter(adapter) if args.held_out_only else None
-        datasets = load_datasets(BenchConfig(datasets=args.dataset.split(","), split=args.split, limit=args.limit,
-                                             offset=args.offset, sessions=args.sessions), exclude=exclude)
-        assert check_trained_items(datasets, adapter, allow=True) == [], f"{where}: `{shlex.join(cmd)}`"
+        # The items the command selects, as every bench selects them (--offset, --held-out-only, --limit).
+        selection = Selection(**{**item_selection(args), "allow_trained_items": True}, sessions=args.sessions)
+        assert select(selection, adapter)[1] == [], f"{where}: `{shlex.join(cmd)}`"
         checked += 1
     assert checked >= 2

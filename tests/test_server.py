@@ -460,7 +460,7 @@ class InstantSidecar:
 def test_method_oospec_reports_the_sidecar_and_stays_identical(engine):
     """The server's drafter can be `oospec` with a sidecar: its hint is used (high tau), reported in the stats,
     and the output is still plain greedy."""
-    from oospec.server.replay import serving
+    from oospec.server.loopback import serving
     from oospec.drafters import make_drafter
     from oospec.server.service import ModelService, ServerConfig
 

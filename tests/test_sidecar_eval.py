@@ -9,9 +9,9 @@ from dataclasses import asdict
 import pytest
 from helpers import request_by_id
 
-from oospec.bench import run as bench_run
+from oospec.bench import items as bench_items
 from oospec.bench.config import BenchConfig
-from oospec.bench.run import load_datasets
+from oospec.bench.items import load_datasets
 from oospec.errors import OospecError
 from oospec.sidecar.provenance import ADAPTERS_DIR, training_manifest
 
@@ -75,12 +75,12 @@ def test_held_out_only_keeps_test_items_and_fresh_items_and_refuses_the_rest(tmp
     folder = _v2_adapter(tmp_path / "adapter", tools={"train": ["QueryHealthData", "Calculator"],
                                                       "validation": ["CancelRegistration"], "test": []},
                          items={"train": [items[0].id], "validation": [], "test": [items[3].id]})
-    (_, kept), = load_datasets(cfg, exclude=bench_run.trained_item_filter(str(folder)))
+    (_, kept), = load_datasets(cfg, exclude=bench_items.trained_item_filter(str(folder)))
     assert [s.id for s in kept[:3]] == [items[i].id for i in (3, 4, 5)] and len(kept) == 6  # --limit counts after
-    assert bench_run.check_trained_items([("apibank", kept)], str(folder), allow=False) == []
-    with pytest.raises(bench_run.BenchError, match="3 benchmark item.*not held out.*calls training tool "
+    assert bench_items.check_trained_items([("apibank", kept)], str(folder), allow=False) == []
+    with pytest.raises(bench_items.BenchError, match="3 benchmark item.*not held out.*calls training tool "
                                                     "CancelRegistration"):
-        bench_run.check_trained_items([("apibank", items)], str(folder), allow=False)
+        bench_items.check_trained_items([("apibank", items)], str(folder), allow=False)
 
 
 # -- calibration of call or none ------------------------------------------------------------------------------

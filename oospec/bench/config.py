@@ -1,26 +1,18 @@
-"""What `oospec bench run` is asked to do: its options, its datasets, and the CPU cores each method gets."""
+"""What `oospec bench run` is asked to do: its options and the CPU cores each method gets (its items: items.py)."""
 
 from __future__ import annotations
 
-import datetime as _dt
 import os
-import re
 import zlib
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oospec.datasets.sample import Samples
-from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
-
-
-class BenchError(OospecError):
-    """A benchmark run that cannot start as asked (unknown method or dataset, bad options)."""
 
 
 @dataclass
 class BenchConfig:
+    # The item selection: the fields of oospec.bench.items.Selection, as the same options set them.
     datasets: list[str] = field(default_factory=list)  # names, "name:split" or file paths
     methods: list[str] = field(default_factory=lambda: ["ar", "pld", "toolspec"])
     target: str = DEFAULT_TARGET
@@ -115,75 +107,3 @@ def plan_cores(cfg: BenchConfig, default_threads: int, with_sidecar: bool) -> Co
     sidecar = max(1, cfg.sidecar_threads) if on_cpu else 0
     target = cfg.threads or max(1, default_threads - sidecar)
     return Cores(target, sidecar, cfg.sidecar_device if with_sidecar else None, os.cpu_count() or 1)
-
-
-def _dataset_label(spec: str, split: str | None) -> str:
-    if Path(spec).exists():
-        return Path(spec).stem
-    if split is not None and ":" not in spec:
-        return f"{spec}:{split}"
-    return spec
-
-
-def _select_sessions(samples: list, cfg: BenchConfig, exclude) -> list:
-    """The turns of the sessions after `cfg.offset` sessions, at most `cfg.limit` sessions, each session's turns
-    in order and contiguous; excluded turns leave their session (the later turns still hold their text)."""
-    from oospec.datasets import group_sessions
-
-    groups = group_sessions(samples)
-    if not groups and samples:
-        raise BenchError(f"--sessions: the items of {samples[0].dataset} are not turns of multi-turn sessions "
-                         f"(API-Bank level 1 is)")
-    kept = [[s for s in turns if exclude is None or not exclude(s)] for _, turns in groups[cfg.offset:]]
-    kept = [turns for turns in kept if turns]
-    return [s for turns in (kept if cfg.limit is None else kept[: cfg.limit]) for s in turns]
-
-
-def load_datasets(cfg: BenchConfig, exclude: Callable[[object], bool] | None = None) -> list[tuple[str, list]]:
-    """[(label, samples)] for every dataset asked for, validated before any model is loaded: each dataset's items
-    after `cfg.offset`, less those `exclude` names, at most `cfg.limit` of them."""
-    from oospec.datasets import load_dataset, load_path
-
-    specs = [s.strip() for s in cfg.datasets if s and s.strip()]
-    if not specs and not cfg.data:
-        raise BenchError("no dataset given: use --dataset apibank|bfcl|toolalpaca (comma list) or --data PATH")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise BenchError(f"--limit must be at least 1, got {cfg.limit}")
-    if cfg.offset < 0:
-        raise BenchError(f"--offset must be >= 0, got {cfg.offset}")
-
-    wanted = set(cfg.items)
-
-    def select(samples):
-        chosen = [s for s in samples if s.id in wanted] if wanted else list(samples)
-        if cfg.sessions:
-            return Samples(_select_sessions(chosen, cfg, exclude), getattr(samples, "skipped", ()))
-        kept = [s for s in chosen[cfg.offset:] if exclude is None or not exclude(s)]
-        return Samples(kept if cfg.limit is None else kept[: cfg.limit], getattr(samples, "skipped", ()))
-
-    out: list[tuple[str, list]] = []
-    for spec in specs:
-        split = None if ":" in spec or Path(spec).exists() else cfg.split
-        samples = load_dataset(spec, split=split)  # DatasetError (an OospecError) if unknown
-        out.append((_dataset_label(spec, split), select(samples)))
-    for path in cfg.data:
-        if not Path(path).exists():
-            raise BenchError(f"--data file not found: {path}")
-        out.append((Path(path).stem, select(load_path(path))))
-    if wanted:
-        missing = wanted - {s.id for _, samples in out for s in samples}
-        if missing:
-            raise BenchError(f"--items not in these datasets: {', '.join(sorted(missing)[:5])}")
-    labels = [label for label, _ in out]
-    if len(set(labels)) != len(labels):
-        raise BenchError(f"the same dataset is listed twice: {', '.join(labels)}")
-    empty = [label for label, samples in out if not samples]
-    if empty:
-        raise BenchError(f"no samples in: {', '.join(empty)}")
-    return out
-
-
-def default_out_dir(datasets: Sequence[str]) -> Path:
-    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    names = "+".join(re.sub(r"[^A-Za-z0-9._-]+", "_", Path(d).stem if Path(d).exists() else d) for d in datasets)
-    return Path("runs") / f"{stamp}-{names or 'data'}"

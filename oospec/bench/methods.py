@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from oospec.bench.config import BenchConfig, BenchError, Cores, item_seed
+from oospec.bench.config import BenchConfig, Cores, item_seed
+from oospec.bench.items import BenchError
 from oospec.bench.hf_peers import AssistedPeer, HFPeer, PromptLookupPeer, optimize_like_target
 from oospec.errors import did_you_mean
 

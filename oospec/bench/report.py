@@ -16,17 +16,6 @@ PUBLIC_FIELDS = ("n", "cores", "cpu_threads", "baseline", "tau", "decode_speedup
                  "identical_rate", "accuracy")
 
 
-def to_json(value):
-    """Floats rounded to 6 digits, inside dicts and lists."""
-    if isinstance(value, float):
-        return round(value, 6)
-    if isinstance(value, dict):
-        return {k: to_json(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [to_json(v) for v in value]
-    return value
-
-
 def _safe_div(a: float, b: float) -> float | None:
     return a / b if b > 0 else None
 

@@ -12,7 +12,6 @@ Results: ``samples.jsonl`` (one line per sample and method), ``report.md`` (one 
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import logging
 import os
 import platform
@@ -23,12 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from oospec.bench.config import (BenchConfig, BenchError, Cores, check_sampling, default_out_dir, load_datasets,
-                                 plan_cores)
+from oospec.bench.config import BenchConfig, Cores, check_sampling, plan_cores
+from oospec.bench.items import BenchError, select
 from oospec.bench.methods import (TARGET_THREADS, BenchMethod, Reference, Run, Shared, build_methods,
                                   check_methods_sample, check_engine_features, parse_methods, uses_sidecar)
+from oospec.bench.records import RecordLog, compared, output_folder, write_json
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
-                                 summarize_sidecar, summarize_turns, to_json)
+                                 summarize_sidecar, summarize_turns)
 from oospec.engine.threads import torch_threads
 from oospec.models.cpu_features import drafter_dtype
 
@@ -54,13 +54,11 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
             raise BenchError("--budget and --max-new-tokens must be at least 1")
         with_sidecar = any(uses_sidecar(m) for m in names)
         adapter = _resolved_adapter(cfg) if with_sidecar else None
-        datasets = load_datasets(cfg, exclude=trained_item_filter(adapter) if cfg.held_out_only else None)
-        trained = check_trained_items(datasets, adapter, cfg.allow_trained_items)
+        datasets, trained = select(cfg, adapter)
         cores = plan_cores(cfg, torch.get_num_threads(), with_sidecar)
         if cores.target != cores.total and TARGET_THREADS not in names and cfg.secondary_baseline:
             names.insert(1, TARGET_THREADS)  # the baseline of the secondary column
-        out = Path(cfg.out) if cfg.out else default_out_dir([*cfg.datasets, *cfg.data])
-        out.mkdir(parents=True, exist_ok=True)
+        out = output_folder(cfg.out, [*cfg.datasets, *cfg.data])
         if engine is None:
             from oospec.engine.engine import Engine
 
@@ -97,7 +95,7 @@ def _run_methods(methods: list[BenchMethod], datasets, shared: Shared, out: Path
     divergences: list[dict] = []
     bar = tqdm(total=sum(len(s) for _, s in datasets) * len(methods), desc="bench", unit="gen",
                disable=not cfg.progress, file=sys.stderr)
-    with open(out / "samples.jsonl", "w", encoding="utf-8") as jsonl:
+    with RecordLog(out) as jsonl:
         for label, samples in datasets:
             for m in methods:
                 m.start()
@@ -118,8 +116,7 @@ def _run_methods(methods: list[BenchMethod], datasets, shared: Shared, out: Path
                             bar.write(f"[not identical] {label} {sample.id} {m.name}: first difference at token "
                                       f"{div['first_diff']} (ar {div['ar_token']} vs {div['method_token']})")
                         records.append(rec)
-                        jsonl.write(json.dumps(to_json(rec), ensure_ascii=False) + "\n")
-                        jsonl.flush()
+                        jsonl.write(rec)
                         bar.update(1)
     bar.close()
     return records, divergences
@@ -153,27 +150,19 @@ def _warm_up(methods: list[BenchMethod], sample, engine) -> None:
 def _record(label: str, sample, m: BenchMethod, run: Run, reference: Reference, engine) -> tuple[dict, dict | None]:
     """The samples.jsonl line of one run, and its divergence from ar (None: identical)."""
     text = engine.tokenizer.decode(run.tokens, skip_special_tokens=True)
-    diff = first_difference(reference.tokens, run.tokens)
+    comparison = compared(reference.tokens, run.tokens)
     accurate, acc_note = _accuracy(sample, text)
     rec = {"dataset": label, "sample_id": sample.id, "method": m.name, "cores": m.cores, "cpu_threads": m.cpu_threads,
-           "target_threads": m.threads, **run.stats, "identical": diff is None, "accurate": accurate, "text": text,
-           **run.extra}
+           "target_threads": m.threads, **run.stats, "identical": comparison["identical"], "accurate": accurate,
+           "text": text, **run.extra}
     div = None
-    if diff is not None:
-        rec["first_diff"] = diff
+    if not comparison["identical"]:
+        diff = rec["first_diff"] = comparison["first_diff"]
         div = {"dataset": label, "sample_id": sample.id, "method": m.name, "first_diff": diff,
                "ar_token": _token_at(engine, reference.tokens, diff), "method_token": _token_at(engine, run.tokens, diff)}
     if acc_note:
         rec["accuracy_note"] = acc_note
     return rec, div
-
-
-def first_difference(a: np.ndarray, b: np.ndarray) -> int | None:
-    """The first position where two token sequences differ (a length difference counts), None if equal."""
-    from oospec.engine.prefix_cache import common_prefix_length
-
-    n = common_prefix_length([a, b])
-    return None if n == a.size == b.size else n
 
 
 def _accuracy(sample, text: str) -> tuple[bool | None, str | None]:
@@ -210,39 +199,6 @@ def _start_sidecar(cfg: BenchConfig):
     if not sidecar.ready:
         raise BenchError(f"the sidecar {cfg.sidecar_model!r} did not start: see the warning above")
     return sidecar
-
-
-def trained_item_filter(adapter: str | None):
-    """For --held-out-only: a predicate true of the items whose request the adapter's training manifest says was
-    used (trained on or used to choose its settings; matched by content, whatever the item's id or file), or sits
-    inside a used request's dialogue, or whose gold call uses a tool they call, unless its split held the request
-    out (`TrainingManifest.overlap`); None when there is no manifest (nothing to drop)."""
-    from oospec.sidecar.provenance import training_manifest
-
-    manifest = training_manifest(adapter)
-    if manifest is None:
-        return None
-    return lambda s: bool(manifest.overlap(s.provenance_request()))
-
-
-def check_trained_items(datasets, adapter: str | None, allow: bool) -> list[dict]:
-    """The items whose request the adapter's training manifest holds (by content: also an earlier part of a used
-    dialogue), or that call a tool it was trained on: refused unless `allow`, then warned about loudly and
-    returned (for run.json), each with the training item it matched. Empty when the adapter has no manifest."""
-    from oospec.sidecar.provenance import describe, not_held_out, training_manifest
-
-    trained = [{"dataset": label, **found} for label, samples in datasets
-               for found in not_held_out(adapter, [s.provenance_request() for s in samples])]
-    if not trained:
-        return []
-    message = (f"{len(trained)} benchmark item(s) are not held out from the sidecar adapter's training data "
-               f"({training_manifest(adapter).path}): {describe(trained)}")
-    if not allow:
-        raise BenchError(message + ". Its agreement and speed on them measure recall, not prediction: choose "
-                         "held-out items (e.g. --dataset apibank --split 1 --limit 8) or pass --allow-trained-items")
-    log.warning("WARNING: %s (allowed by --allow-trained-items; listed in run.json)", message)
-    print(f"WARNING: {message}", file=sys.stderr)
-    return trained
 
 
 # -- the files ------------------------------------------------------------------------------------------------
@@ -292,9 +248,8 @@ def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: di
     report = format_report(summary, header, divergences, sidecar_summary, summarize_turns(records))
     (out / "report.md").write_text(report, encoding="utf-8")
     public = public_summary(summary, sidecar_summary)
-    (out / "summary.json").write_text(json.dumps(to_json(public), indent=2) + "\n", encoding="utf-8")
-    (out / "run.json").write_text(json.dumps(to_json({**header, "divergences": divergences}), indent=2) + "\n",
-                                  encoding="utf-8")
+    write_json(out / "summary.json", public)
+    write_json(out / "run.json", {**header, "divergences": divergences})
     plot_speedup(summary, names, out / "speedup.png",
                  title=f"{cfg.target}, {header['machine']['cpu']}, {plural(cores.total, 'core')} per method")
     if cfg.echo:

@@ -1,23 +1,22 @@
-"""`oospec bench cost-curve | run | serve | vllm`."""
+"""`oospec bench cost-curve | run | serve | vllm`: the parsers and what they call in oospec.bench; the options
+they share (the model, the items, the sidecar...) come from oospec.cli.options."""
 
 from __future__ import annotations
 
-import json
 import sys
-import time
-from pathlib import Path
 
-from oospec.cli.options import (add_budget_option, add_command, add_max_new_tokens_option, add_runtime_options,
-                                add_sampling_options, add_sidecar_options, positive_int, set_threads, sidecar_settings)
-from oospec.integrations.vllm.bench import add_vllm_bench_parser
+from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # no torch, no vLLM: cheap at parse time
+from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
+                                add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
+                                positive_int, set_threads, sidecar_settings)
 from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_SIDECAR, TINY_TARGET
 
 COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
 RUN_EXAMPLE = """oospec bench run --dataset apibank:1 --limit 8 --methods ar,toolspec,oospec
 oospec bench run --model smollm2-135m --dataset bfcl:simple_python --limit 5 --methods ar,pld"""
-SERVE_EXAMPLE = "oospec bench serve --model smollm2-135m --turns 4 --methods ar,toolspec"
-DATASET_HELP = ("apibank (splits 1, 2, 3, all), bfcl (simple_python, multiple, parallel, parallel_multiple, all), "
-                "toolalpaca (eval_simulated), name:split, or a file; a comma list for several")
+SERVE_EXAMPLE = "oospec bench serve --model smollm2-135m --dataset apibank:1 --turns 4 --methods ar,toolspec"
+VLLM_EXAMPLE = """VLLM_CPU_KVCACHE_SPACE=4 .venv-vllm/bin/oospec bench vllm --model ~/.cache/oospec/models/qwen2.5-coder-1.5b \\
+    --dataset apibank:1 --offset 8 --limit 20 --settings none,oospec,oracle --enforce-eager"""
 
 
 def cmd_bench_cost_curve(args) -> None:
@@ -57,34 +56,75 @@ def cmd_bench_run(args) -> None:
     from oospec.bench.run import invoked_command, run_benchmark
 
     run_benchmark(BenchConfig(
-        datasets=[d for d in (args.dataset or "").split(",") if d.strip()],
-        methods=args.methods, target=args.model, split=args.split, data=args.data or [], limit=args.limit,
-        offset=args.offset, held_out_only=args.held_out_only, sessions=args.sessions, tool_choice=args.tool_choice,
-        items=[i.strip() for i in (args.items or "").split(",") if i.strip()],
-        secondary_baseline=not args.no_secondary_baseline,
+        **item_selection(args), methods=args.methods, target=args.model, sessions=args.sessions,
+        tool_choice=args.tool_choice, secondary_baseline=not args.no_secondary_baseline,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
-        sidecar_adapter=args.sidecar_adapter, allow_trained_items=args.allow_trained_items,
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+        sidecar_adapter=args.sidecar_adapter, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed,
     ))
 
 
 def cmd_bench_serve(args) -> None:
-    from oospec.server import replay
+    from oospec.bench import serve
+    from oospec.bench.items import Selection
 
-    report = replay.run(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], sidecar_settings(args),
-                        dialogue=args.dialogue, turns=args.turns, max_tokens=args.max_new_tokens,
-                        prefix_cache_mb=args.prefix_cache_mb, threads=args.threads, dtype=args.dtype,
-                        device=args.device, optimize=not args.no_optimize)
-    out = Path(args.out or f"runs/{time.strftime('%Y%m%d-%H%M%S')}-serve")
-    out.mkdir(parents=True, exist_ok=True)
-    table = replay.markdown(report)
-    (out / "serve.json").write_text(json.dumps(report, indent=1))
-    (out / "serve.md").write_text(table)
-    print(table)
-    print(f"written to {out}/serve.md and serve.json", file=sys.stderr)
+    selection = Selection(**item_selection(args))
+    report = serve.run(args.model, [m.strip() for m in args.methods.split(",") if m.strip()], sidecar_settings(args),
+                       selection, dialogue=args.dialogue, turns=args.turns, max_tokens=args.max_new_tokens,
+                       prefix_cache_mb=args.prefix_cache_mb, threads=args.threads, dtype=args.dtype,
+                       device=args.device, optimize=not args.no_optimize)
+    out = serve.write(report, args.out, [*selection.datasets, *selection.data])
+    print(serve.markdown(report))
+    print(f"written to {out}/serve.md, serve.json and samples.jsonl", file=sys.stderr)
+
+
+def cmd_bench_vllm(args) -> None:
+    from oospec.bench.items import Selection
+
+    selection = Selection(**item_selection(args))
+    if args.setting:  # one setting in this process: what `bench vllm` starts once per setting
+        from oospec.bench.vllm_run import run_one
+
+        run_one(args, selection)
+    else:
+        from oospec.bench.vllm import run
+
+        run(args, selection)
+
+
+def add_vllm_parser(bench) -> None:
+    """`bench vllm`: every option of the bench and of one setting's process, defined once (the process is started
+    with this parser, see oospec/bench/vllm_run.py)."""
+    p = add_command(bench, "vllm", "oospec's proposer inside vLLM vs vLLM's own speculation (run from .venv-vllm)",
+                    VLLM_EXAMPLE)
+    p.add_argument("--model", required=True, help="a Hugging Face folder (`oospec models pull` gives one)")
+    add_item_options(p)
+    p.add_argument("--settings", default=DEFAULT_SETTINGS,
+                   help=f"comma list of {', '.join(SETTINGS)}; none (every speed-up's reference) always runs")
+    p.add_argument("--concurrent-settings", default=None, metavar="A,B",
+                   help="the settings run at --concurrency (default: --settings); none always runs")
+    # float32: what the measured CPU rows (no native bfloat16 there) and the real-vLLM equivalence checks use.
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"), help="vLLM's dtype")
+    p.add_argument("--k", type=positive_int, default=8, help="num_speculative_tokens")
+    p.add_argument("--concurrency", type=positive_int, default=8,
+                   help="requests in flight at once: the concurrent runs' (every setting also runs one at a time), "
+                        "or, with --setting, this run's")
+    add_max_new_tokens_option(p, old_spelling="--max-tokens")
+    p.add_argument("--max-model-len", type=positive_int, default=4096, help="vLLM's max_model_len")
+    p.add_argument("--enforce-eager", action="store_true", help="no torch.compile: quicker start, slower steps")
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-vllm-<datasets>); with --setting, the "
+                                 "run's JSON file")
+    p.add_argument("--resume", action="store_true",
+                   help="reuse the output folder's runs made with the same settings (an interrupted bench goes on)")
+    one = p.add_argument_group("one setting in this process (what the bench starts for each; the real-vLLM tests)")
+    one.add_argument("--setting", choices=[*SETTINGS, CUSTOM], default=None,
+                     help="run only this setting and write --out as JSON (custom: the class --proposer names)")
+    one.add_argument("--proposer", metavar="MODULE.CLASS", help="the proposer class of --setting custom")
+    one.add_argument("--reference", metavar="FILE", help="the `none` setting's output JSON, for --setting oracle")
+    p.set_defaults(func=cmd_bench_vllm)
 
 
 def add_bench_parser(sub) -> None:
@@ -104,19 +144,11 @@ def add_bench_parser(sub) -> None:
 
     p = add_command(bench, "run", "speed, identical-output rate and accuracy of decoding methods on benchmarks",
                     RUN_EXAMPLE)
-    p.add_argument("--dataset", help=DATASET_HELP)
-    p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
-    p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
+    add_item_options(p)
     p.add_argument("--methods", default="ar,pld,toolspec,hf-pld,oracle",
                    help="comma list: ar, pld, toolspec, oospec, ... (any drafter), oracle, ar-all-cores, hf-pld, "
                         "hf-assisted; ar always runs")
     p.add_argument("--assistant", default=DEFAULT_SIDECAR, help="assistant model for hf-assisted")
-    p.add_argument("--limit", type=positive_int, default=None, help="first N samples of each dataset (default: all)")
-    p.add_argument("--offset", type=int, default=0, help="skip the first N samples of each dataset")
-    p.add_argument("--held-out-only", action="store_true",
-                   help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
-    p.add_argument("--items", default=None, metavar="ID,ID",
-                   help="only these item ids (another run's items, in each dataset's order)")
     p.add_argument("--sessions", action="store_true",
                    help="agent sessions: each dialogue replayed turn by turn, every method reusing its own prefix "
                         "cache (target and sidecar) across a session's turns; --limit/--offset count sessions "
@@ -133,25 +165,24 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--allow-trained-items", action="store_true",
-                   help="run items the sidecar adapter was trained on (its manifest holds their request, by content, "
-                        "or an earlier turn of it, or their tool; refused otherwise)")
     add_runtime_options(p)
     add_sidecar_options(p)
     p.set_defaults(func=cmd_bench_run)
 
-    p = add_command(bench, "serve", "replay a multi-turn API-Bank dialogue against the server: per-turn latency with "
-                                    "and without prefix reuse, ar vs a fast method", SERVE_EXAMPLE)
+    p = add_command(bench, "serve", "replay a multi-turn dialogue (one of the sessions the item options select) "
+                                    "against the server: per-turn latency with and without prefix reuse, ar vs a "
+                                    "fast method", SERVE_EXAMPLE)
+    add_item_options(p)
     p.add_argument("--methods", default="ar,toolspec,oospec",
                    help="comma list of drafters; each runs with prefix reuse off and on")
-    p.add_argument("--dialogue", help="API-Bank dialogue file name (default: the longest level-1 dialogue)")
+    p.add_argument("--dialogue", help="the dialogue (API-Bank: its file name) among the selected sessions "
+                                      "(default: the one with the most turns)")
     p.add_argument("--turns", type=positive_int, default=None, help="replay only the first N turns (default: all)")
     add_max_new_tokens_option(p, old_spelling="--max-tokens")
     p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB)
-    p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve)")
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve-<datasets>)")
     add_runtime_options(p, model_default=TINY_TARGET)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told
     p.set_defaults(func=cmd_bench_serve)
 
-    p = add_vllm_bench_parser(bench)  # oospec's proposer inside vLLM: oospec/integrations/vllm/bench.py
-    add_max_new_tokens_option(p, old_spelling="--max-tokens")
+    add_vllm_parser(bench)

@@ -1,6 +1,7 @@
 """The options that several commands share, each defined once, with defaults from the model registry.
 
 Runtime: the target model and how it runs (--model/--target, --dtype, --device, --threads, --no-optimize).
+Items: which benchmark items `bench run`, `bench serve` and `bench vllm` run (`add_item_options`).
 Decoding: --method and --budget, the same default in every command. Sidecar: the out-of-order sidecar's model,
 adapter, threads and device. `sidecar_settings` turns the parsed sidecar options into `make_sidecar`'s
 settings, so every command starts the same sidecar for the same flags.
@@ -63,6 +64,17 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0 (an offset)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
 
 
@@ -179,6 +191,38 @@ def load_tools(path: str) -> list[dict]:
         raise OospecError(f"tools file must be a JSON list of tools (or {{\"tools\": [...]}}); {path} holds "
                           f"{type(tools).__name__ if not isinstance(tools, list) else 'a list of non-objects'}")
     return tools
+
+
+DATASET_HELP = ("apibank (splits 1, 2, 3, all), bfcl (simple_python, multiple, parallel, parallel_multiple, all), "
+                "toolalpaca (eval_simulated), name:split, or a file; a comma list for several (repeatable)")
+
+
+def add_item_options(p: argparse.ArgumentParser) -> None:
+    """The benchmark items, one definition for every bench command (read back by `item_selection`); what they
+    select: oospec.bench.items."""
+    p.add_argument("--dataset", action="append", metavar="NAME[:SPLIT]", help=DATASET_HELP)
+    p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
+    p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
+    p.add_argument("--items", default=None, metavar="ID,ID",
+                   help="only these item ids (another run's items, in each dataset's order)")
+    p.add_argument("--offset", type=non_negative_int, default=0,
+                   help="skip the first N items of each dataset (sessions, where the command runs sessions)")
+    p.add_argument("--limit", type=positive_int, default=None,
+                   help="the first N items of each dataset after --offset (sessions, where the command runs "
+                        "sessions) (default: all)")
+    p.add_argument("--held-out-only", action="store_true",
+                   help="drop the items the sidecar adapter was trained on (before --limit) instead of refusing them")
+    p.add_argument("--allow-trained-items", action="store_true",
+                   help="run items the sidecar adapter was trained on (its manifest holds their request, by content, "
+                        "or an earlier turn of it, or their tool; refused otherwise)")
+
+
+def item_selection(args: argparse.Namespace) -> dict:
+    """The fields of oospec.bench.items.Selection (and BenchConfig) that the item options ask for."""
+    return {"datasets": [d.strip() for spec in args.dataset or () for d in spec.split(",") if d.strip()],
+            "split": args.split, "data": list(args.data or ()), "offset": args.offset, "limit": args.limit,
+            "items": [i.strip() for i in (args.items or "").split(",") if i.strip()],
+            "held_out_only": args.held_out_only, "allow_trained_items": args.allow_trained_items}
 
 
 def add_sampling_options(p: argparse.ArgumentParser, temperature_help: str, seed_default: int | None,

@@ -5,7 +5,7 @@ main venv, no vLLM) never collects it; pytest collects it when it is named on th
 without vLLM, it skips with the reason (so does no other path: in .venv-vllm every failure is a failure).
 
 Qwen2.5-Coder-0.5B in float32, 11 API-Bank level-1 and 11 BFCL simple chats, one request at a time, each
-setting in its own process (oospec.integrations.vllm.run). Then the OpenAI server (no speculation, then
+setting in its own process (`oospec bench vllm --setting`, oospec.bench.vllm_run). Then the OpenAI server (no speculation, then
 oospec's proposer, with oospec's tool-parser plugin) and the openai client on 4 BFCL chats: the same tool
 calls streamed and not, with and without speculation, and the proposer saw the client's tools.
 """
@@ -31,7 +31,7 @@ except ImportError:
 MODEL = Path.home() / ".cache/oospec/models/qwen2.5-coder-0.5b"
 PER_DATASET = 11
 DATASETS = ("apibank:1", "bfcl:simple_python")
-SETTINGS = {  # name -> run.py's arguments for it
+SETTINGS = {  # name -> `oospec bench vllm`'s arguments for it
     "none": ["--setting", "none"],
     "oospec": ["--setting", "oospec"],
     "adversarial": ["--setting", "custom", "--proposer", "random_proposer.RandomProposer"],
@@ -49,8 +49,8 @@ def outputs(tmp_path_factory):
     out = {}
     for spec, setting in SETTINGS.items():
         path = tmp_path_factory.mktemp("vllm") / f"{spec}.json"
-        cmd = [sys.executable, "-m", "oospec.integrations.vllm.run", *setting, "--model", str(MODEL),
-               "--limit", str(PER_DATASET), "--max-new-tokens", "96", "--enforce-eager", "--out", str(path)]
+        cmd = [sys.executable, "-m", "oospec", "bench", "vllm", *setting, "--model", str(MODEL), "--limit",
+               str(PER_DATASET), "--max-new-tokens", "96", "--concurrency", "1", "--enforce-eager", "--out", str(path)]
         for name in DATASETS:
             cmd += ["--dataset", name]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
@@ -150,9 +150,10 @@ def ask(base: str, sample) -> tuple[list[dict], list[dict]]:
 
 @pytest.fixture(scope="module")
 def served_chats():
-    from oospec.integrations.vllm.run import load_chats
+    from oospec.bench.items import Selection
+    from oospec.bench.vllm_run import load_chats
 
-    chats = [s for s, _ in load_chats(["bfcl:simple_python"], SERVED_CHATS)]
+    chats = [s for s, _ in load_chats(Selection(datasets=["bfcl:simple_python"], limit=SERVED_CHATS))]
     assert len(chats) == SERVED_CHATS and all(s.chat_tools() for s in chats)
     return chats
 

@@ -10,8 +10,9 @@ import pytest
 
 from fake_runner import FakeRunner, SilentSidecar, tool_script, vllm_config
 from helpers import WEATHER
+from oospec.bench.records import first_difference
+from oospec.bench.vllm import summarize
 from oospec.integrations.vllm.batch import DraftingSettings
-from oospec.integrations.vllm.bench import first_difference, summarize
 from oospec.integrations.vllm.calls import json_calls, may_be_json_call
 from oospec.integrations.vllm.context import context_from_extra_args, context_json, xargs_with_context
 from oospec.integrations.vllm.oracle import OracleBatch
@@ -111,6 +112,7 @@ def test_summary_against_no_speculation_in_the_same_run():
     assert s["ngram"]["identical_rate"] == 0.0 and s["ngram"]["diverged_at"] == {"q": 2}
     assert s["none"]["e2e_speedup"] == 1.0
     assert first_difference([1, 2], [1, 2, 3]) == 2 and first_difference([5], [1]) == 0
+    assert first_difference([1, 2], [1, 2]) is None
 
 
 def test_json_calls_bare_or_fenced_complete_and_of_the_requests_tools():
@@ -169,35 +171,62 @@ def test_bench_vllm_runs_none_first_and_the_concurrent_subset(monkeypatch, tmp_p
     """Which settings run at which concurrency, and in which order (none first: the oracle reads its output)."""
     from types import SimpleNamespace
 
-    from oospec.integrations.vllm import bench
+    from oospec.bench import vllm as bench
+    from oospec.bench.items import BenchError, Selection
 
     ran = []
 
-    def fake_run(setting, conc, args, out, reference):
+    def fake_run(setting, conc, args, out, reference, held_out_only):
         ran.append((setting, conc, reference.name if reference else None))
         path = out / f"{setting}@{conc}.json"
-        item = {"dataset": "apibank", "tokens": [1, 2], "e2e_s": 1.0, "decode_s": 0.5, "tau": 1.0}
+        item = {"dataset": "apibank", "tokens": [1, 2] if setting != "ngram" else [1, 3], "e2e_s": 1.0,
+                "decode_s": 0.5, "tau": 1.0}
         path.write_text(json.dumps({"wall_s": 1.0, "items": {"a": item}}))
         return path
 
     monkeypatch.setattr(bench, "run_setting", fake_run)
     monkeypatch.setattr(bench, "plot", lambda summary, path: None)
-    args = SimpleNamespace(settings="oracle,ngram,none", concurrent_settings="ngram", dataset=None,
-                           concurrency=8, out=str(tmp_path))
-    bench.cmd_bench_vllm(args)
+    args = SimpleNamespace(settings="oracle,ngram,none", concurrent_settings="ngram", concurrency=8, out=str(tmp_path))
+    bench.run(args, Selection(datasets=["apibank:1"], limit=1))
     assert ran == [("none", 1, None), ("oracle", 1, "none@1.json"), ("ngram", 1, "none@1.json"),
                    ("none", 8, None), ("ngram", 8, "none@8.json")]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert set(summary["apibank"]) == {"none", "oracle", "ngram", "none@8", "ngram@8"}
-    with pytest.raises(SystemExit, match="unknown setting"):
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert {(r["method"], r["identical"], r.get("first_diff")) for r in records} == {
+        ("none", True, None), ("oracle", True, None), ("ngram", False, 1), ("none@8", True, None),
+        ("ngram@8", False, 1)}  # the records of every benchmark (oospec.bench.records)
+    with pytest.raises(BenchError, match="unknown setting"):
         bench.parse_settings("none,eagle")
+    with pytest.raises(BenchError, match="no dataset given"):  # the item options of every bench, checked first
+        bench.run(args, Selection())
+
+
+def test_a_settings_process_parses_the_options_it_is_given_as_the_bench_did(tmp_path):
+    """One parser for `bench vllm` and each setting's process: the options come back the same."""
+    from oospec.bench import vllm as bench
+    from oospec.cli import build_parser
+
+    argv = ["bench", "vllm", "--model", "m", "--dataset", "apibank:1", "--dataset", "bfcl:simple_python",
+            "--data", "x.jsonl", "--items", "a,b", "--offset", "3", "--limit", "4", "--dtype", "bfloat16", "--k", "5",
+            "--max-new-tokens", "9", "--max-model-len", "2048", "--enforce-eager"]
+    parent = build_parser().parse_args(argv)
+    cmd = bench.setting_command("oracle", 8, parent, tmp_path / "o.json", tmp_path / "none.json", held_out_only=True)
+    assert cmd[1:5] == ["-m", "oospec", "bench", "vllm"]
+    child = build_parser().parse_args(cmd[3:])
+    for name, _ in bench.PASSED_ON:
+        assert getattr(child, name) == getattr(parent, name), name
+    assert (child.setting, child.concurrency, child.held_out_only, child.reference) == \
+        ("oracle", 8, True, str(tmp_path / "none.json"))
+    defaults = build_parser().parse_args(["bench", "vllm", "--model", "m"])
+    assert (defaults.dtype, defaults.concurrency, defaults.limit, defaults.offset) == ("float32", 8, None, 0)
 
 
 def test_bench_vllm_resume_reuses_only_a_run_made_the_same_way(monkeypatch, tmp_path):
     from types import SimpleNamespace
 
-    from oospec.integrations.vllm import bench
-    from oospec.integrations.vllm.run import run_identity
+    from oospec.bench import vllm as bench
+    from oospec.bench.vllm_run import run_identity
 
     calls = []
     monkeypatch.setattr(bench.subprocess, "run", lambda cmd, check: calls.append(cmd))
@@ -209,15 +238,20 @@ def test_bench_vllm_resume_reuses_only_a_run_made_the_same_way(monkeypatch, tmp_
     (tmp_path / "none@1.json").write_text(json.dumps({**same, "limit": 5}))  # another run: not reused
     bench.run_setting("none", 1, args, tmp_path, None)
     assert len(calls) == 1 and "--offset" in calls[0]
-    args.resume = False  # without --resume nothing is reused
     (tmp_path / "none@1.json").write_text(json.dumps(same))
+    bench.run_setting("none", 1, args, tmp_path, None, held_out_only=True)  # other items: not reused
+    assert len(calls) == 2 and "--held-out-only" in calls[1]
+    args.resume = False  # without --resume nothing is reused
     bench.run_setting("none", 1, args, tmp_path, None)
-    assert len(calls) == 2
+    assert len(calls) == 3
 
 
 def test_a_custom_proposer_is_named_by_module_path_and_stays_out_of_the_bench(tmp_path, capsys):
-    """The real-vLLM tests run their hostile proposer (random_proposer.py, beside this file) through run.py."""
-    from oospec.integrations.vllm import bench, run
+    """The real-vLLM tests run their hostile proposer (random_proposer.py, beside this file) as one setting."""
+    from oospec.bench import vllm as bench
+    from oospec.bench import vllm_run as run
+    from oospec.bench.items import BenchError
+    from oospec.cli import main
 
     spec = run.speculative_config(run.CUSTOM, 8, "random_proposer.RandomProposer")
     assert spec == {"method": "custom_class", "model": "random_proposer.RandomProposer", "num_speculative_tokens": 8}
@@ -225,8 +259,8 @@ def test_a_custom_proposer_is_named_by_module_path_and_stays_out_of_the_bench(tm
 
     assert RandomProposer.__module__ == "random_proposer"
     for argv in (["--setting", "custom"], ["--setting", "none", "--proposer", "random_proposer.RandomProposer"]):
-        with pytest.raises(SystemExit):
-            run.main([*argv, "--model", "m", "--out", str(tmp_path / "x.json")])
+        assert main(["bench", "vllm", *argv, "--model", "m", "--dataset", "apibank:1",
+                     "--out", str(tmp_path / "x.json")]) == 2
         assert "--proposer goes with --setting custom" in capsys.readouterr().err
-    with pytest.raises(SystemExit, match="unknown setting"):
+    with pytest.raises(BenchError, match="unknown setting"):
         bench.parse_settings("none,custom")

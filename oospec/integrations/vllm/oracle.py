@@ -1,6 +1,6 @@
 """The ceiling of any proposer in vLLM: draft exactly what vLLM without speculation wrote (benchmarks only).
 
-OOSPEC_VLLM_ORACLE names the `none` setting's output of oospec.integrations.vllm.run; a request is matched by
+OOSPEC_VLLM_ORACLE names the `none` setting's output of oospec.bench.vllm_run; a request is matched by
 its prompt token ids. Its rows are read from the runner exactly as OospecProposer reads them.
 """
 

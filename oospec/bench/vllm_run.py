@@ -1,28 +1,29 @@
-"""Generate a dataset's chats in real vLLM with one speculation setting; write ids and timings as JSON.
+"""One setting of `oospec bench vllm` in this process: the selected chats generated in real vLLM with one
+speculation setting, ids, tokens and timings written as JSON.
 
-    python -m oospec.integrations.vllm.run --setting none|ngram|suffix|oospec|oospec-sidecar|oracle \
-        --model <folder> --dataset apibank:1 --limit 20 --out run.json
+    oospec bench vllm --setting none|ngram|suffix|oospec|oospec-sidecar|oracle --model <folder> \
+        --dataset apibank:1 --limit 20 --out run.json
 
 `--setting custom --proposer MODULE.CLASS` runs any other proposer class vLLM's worker can import (the tests'
 hostile one: tests/vllm/random_proposer.py, with that folder on PYTHONPATH).
 
-One setting per process: vLLM's engine is only fully torn down with its process (vLLM spawns it, so this
-module keeps `LLM(...)` under `if __name__ == "__main__"`). Used by `oospec bench vllm` (bench.py) and by
-the real-vLLM equivalence tests (tests/vllm/real_vllm.py). Even-numbered chats carry their context in
-`extra_args` (the route of `vllm_xargs` and LLM.generate users), odd ones leave the proposer to read the
-tools from the rendered prompt.
+One setting per process: vLLM's engine is only fully torn down with its process, so `bench vllm` (vllm.py)
+starts `python -m oospec bench vllm --setting ...` once per setting, with the same options it was given (one
+parser: oospec.cli.bench). The real-vLLM equivalence tests (tests/vllm/real_vllm.py) start it too. vLLM
+spawns its engine process; a spawned child does not rerun `python -m oospec`'s __main__ (multiprocessing
+skips a package's __main__), nor the `oospec` script (its main is guarded). Even-numbered chats carry their
+context in `extra_args` (the route of `vllm_xargs` and LLM.generate users), odd ones leave the proposer to
+read the tools from the rendered prompt.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
 from pathlib import Path
 
-from oospec.integrations.vllm.context import EXTRA_ARGS_KEY
-from oospec.models.registry import DEFAULT_MAX_NEW_TOKENS
+from oospec.bench.items import BenchError, select
 
 PROPOSERS = "oospec.integrations.vllm"
 SETTINGS = {  # name -> (speculative method, custom class, extra environment of vLLM's worker)
@@ -33,18 +34,27 @@ SETTINGS = {  # name -> (speculative method, custom class, extra environment of 
     "oospec-sidecar": ("custom_class", f"{PROPOSERS}.proposer.OospecProposer", {"OOSPEC_VLLM_SIDECAR": "1"}),
     "oracle": ("custom_class", f"{PROPOSERS}.oracle.OracleProposer", {}),
 }
-CUSTOM = "custom"  # a proposer class named by --proposer: not one of oospec's settings, so not in `oospec bench vllm`
+SIDECAR_SETTING = "oospec-sidecar"  # the setting that starts the sidecar (its items are checked)
+DEFAULT_SETTINGS = "none,ngram,oospec,oospec-sidecar,oracle"  # `bench vllm --settings`
+CUSTOM = "custom"  # a proposer class named by --proposer: not one of oospec's settings, so not in a bench's list
 
 
-def load_chats(datasets: list[str], limit: int, offset: int = 0):
-    """`limit` chats of each dataset after its first `offset` (the bench's fresh items: past those used in
-    development)."""
-    from oospec.datasets.loader import load_dataset
+def sidecar_adapter() -> str | None:
+    """The adapter of the sidecar the oospec-sidecar setting starts (the proposer's default: the shipped one)."""
+    from oospec.sidecar.process import SidecarSettings, resolve_adapter
+
+    sidecar = SidecarSettings()
+    return resolve_adapter(sidecar.model, sidecar.adapter)
+
+
+def load_chats(selection, adapter: str | None = None) -> list:
+    """[(sample, context or None)]: the items `selection` (oospec.bench.items.Selection) picks, checked against
+    the sidecar `adapter` as every benchmark checks its items (None: no sidecar runs, nothing to check)."""
     from oospec.tools.schema import to_openai
 
     out = []
-    for name in datasets:
-        for s in load_dataset(name, limit=offset + limit)[offset:]:
+    for _, samples in select(selection, adapter)[0]:
+        for s in samples:
             context = {"tools": [to_openai(t) for t in s.tools], "messages": s.messages, "dialect": s.dialect}
             out.append((s, context if len(out) % 2 == 0 else None))
     return out
@@ -63,42 +73,42 @@ def speculative_config(setting: str, k: int, proposer: str | None = None) -> dic
 
 def run_identity(args) -> dict:
     """What makes two runs of one setting the same run: `oospec bench vllm --resume` reuses a file only if
-    this matches."""
-    custom = {"proposer": args.proposer} if getattr(args, "proposer", None) else {}  # old run files lack the key
-    return {"setting": args.setting, **custom, "model": str(args.model), "dtype": args.dtype, "k": args.k,
-            "concurrency": args.concurrency, "datasets": list(args.dataset or ["apibank:1"]), "limit": args.limit,
+    this matches. Keys of options added later appear only when set (older run files lack them)."""
+    later = {key: value for key, value in (("proposer", getattr(args, "proposer", None)),
+                                           ("split", getattr(args, "split", None)),
+                                           ("data", list(getattr(args, "data", None) or [])),
+                                           ("items", getattr(args, "items", None)),
+                                           ("held_out_only", getattr(args, "held_out_only", False))) if value}
+    return {"setting": args.setting, **later, "model": str(args.model), "dtype": args.dtype, "k": args.k,
+            "concurrency": args.concurrency, "datasets": list(args.dataset or []), "limit": args.limit,
             "offset": args.offset, "max_tokens": args.max_new_tokens, "enforce_eager": bool(args.enforce_eager)}
 
 
-def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--setting", choices=[*SETTINGS, CUSTOM], required=True)
-    ap.add_argument("--proposer", help="MODULE.CLASS of the proposer for --setting custom")
-    ap.add_argument("--model", required=True, help="a Hugging Face folder (`oospec models pull`)")
-    ap.add_argument("--dataset", action="append", default=None, help="repeatable; default apibank:1")
-    ap.add_argument("--limit", type=int, default=20, help="chats per dataset")
-    ap.add_argument("--offset", type=int, default=0, help="skip the first N chats of each dataset")
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
-    ap.add_argument("--concurrency", type=int, default=1, help="requests in flight at once")
-    ap.add_argument("--max-new-tokens", "--max-tokens", dest="max_new_tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
-    ap.add_argument("--max-model-len", type=int, default=4096)
-    ap.add_argument("--enforce-eager", action="store_true",
-                    help="no torch.compile (minutes less start-up; checks of equivalence, not of speed)")
-    ap.add_argument("--reference", help="the `none` setting's output JSON: the oracle proposes its tokens")
-    ap.add_argument("--out", required=True)
-    args = ap.parse_args(argv)
-
+def check(args) -> None:
+    """Refuse a one-setting run asked for wrongly, before vLLM loads."""
+    if not args.out:
+        raise BenchError("--setting runs one setting in this process and needs --out FILE.json")
     if (args.setting == CUSTOM) != bool(args.proposer):
-        ap.error("--proposer goes with --setting custom, and --setting custom needs --proposer MODULE.CLASS")
+        raise BenchError("--proposer goes with --setting custom, and --setting custom needs --proposer MODULE.CLASS")
+    if args.setting == "oracle" and not args.reference:
+        raise BenchError("--setting oracle needs --reference (the `none` setting's output)")
+
+
+def run_one(args, selection) -> None:
+    """Generate the chats with args.setting (the parsed `bench vllm` options) and write args.out."""
+    check(args)
     os.environ.update(SETTINGS.get(args.setting, (None, None, {}))[2])
     if args.setting == "oracle":
-        if not args.reference:
-            ap.error("--setting oracle needs --reference (the `none` setting's output)")
         os.environ["OOSPEC_VLLM_ORACLE"] = str(Path(args.reference).resolve())
+    # The sidecar's adapter: checked against with the sidecar, and with --held-out-only (which `bench vllm` passes
+    # on only when a setting runs the sidecar) for every setting, so that all of them run the same chats.
+    with_adapter = args.setting == SIDECAR_SETTING or selection.held_out_only
+    chats = load_chats(selection, sidecar_adapter() if with_adapter else None)
 
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    from oospec.integrations.vllm.context import EXTRA_ARGS_KEY
 
     spec = speculative_config(args.setting, args.k, args.proposer)
     # Per-request acceptance counts (tau) exist only with speculation; vLLM refuses the option without it.
@@ -106,7 +116,6 @@ def main(argv=None) -> None:
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=args.max_model_len, seed=0, speculative_config=spec,
               enable_prefix_caching=False, disable_log_stats=False, enforce_eager=args.enforce_eager, **spec_metrics)
     tok = llm.get_tokenizer()
-    chats = load_chats(args.dataset or ["apibank:1"], args.limit, args.offset)
     prompts, params, ids, datasets = [], [], [], []
     for sample, context in chats:
         prompts.append(TokensPrompt(prompt_token_ids=tok.encode(sample.prompt_text(tok), add_special_tokens=False)))
@@ -137,7 +146,3 @@ def main(argv=None) -> None:
         }
     Path(args.out).write_text(json.dumps({**run_identity(args), "wall_s": wall_s, "items": items}))
     print(f"{args.setting}: {len(outs)} chats in {wall_s:.1f} s")
-
-
-if __name__ == "__main__":
-    main()

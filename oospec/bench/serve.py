@@ -1,25 +1,25 @@
-"""One multi-turn API-Bank dialogue replayed turn by turn against the server (`oospec bench serve`).
+"""One multi-turn dialogue replayed turn by turn against the server (`oospec bench serve`).
 
 API-Bank's level-1 items that come from the same dialogue file are the successive turns of one agent
 session: each prompt is the same system prompt (the tools) and the dialogue so far, ending with the request
-for the next call. The benchmark loads the target once, then for every (method, prefix reuse on/off) starts a
-fresh server (new drafter, empty prefix cache) on a loopback port in this process, replays the turns through
-the official `openai` client, and records each turn's client-side latency with the server's own statistics.
-Greedy outputs must be identical across configurations; the report says whether they were.
+for the next call. The dialogue is one of the sessions the item options select (oospec.bench.items, as
+`bench run --sessions` selects them): named by --dialogue, else the one with the most turns. The benchmark
+loads the target once, then for every (method, prefix reuse on/off) starts a fresh server (new drafter, empty
+prefix cache) on a loopback port in this process, replays the turns through the official `openai` client, and
+records each turn's client-side latency with the server's own statistics. Greedy outputs must be identical
+across configurations; samples.jsonl gives each turn's first difference from the first configuration's.
 """
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from oospec.errors import OospecError
-from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
+from oospec.bench.items import BenchError
+from oospec.bench.records import RecordLog, compared, output_folder, write_json
+from oospec.models.registry import DEFAULT_MAX_NEW_TOKENS, DEFAULT_PREFIX_CACHE_MB
 
 if TYPE_CHECKING:  # the sidecar (and torch) load only when a method needs it
     from oospec.sidecar.process import SidecarSettings
@@ -30,20 +30,19 @@ if TYPE_CHECKING:  # the sidecar (and torch) load only when a method needs it
 # --------------------------------------------------------------------------------------------------
 
 
-def dialogues() -> dict[str, list]:
-    """API-Bank level-1 samples grouped by dialogue file, turns in order."""
-    from oospec.datasets import group_sessions, load_dataset
+def pick_dialogue(samples, name: str | None) -> tuple[str, list]:
+    """(name, turns) of one session among `samples` (turns of sessions, in order): the one named, else the most
+    turns, then the longest final prompt: the case prefix reuse is for."""
+    from oospec.datasets import group_sessions
 
-    return {name.rpartition(":")[2]: turns for name, turns in group_sessions(load_dataset("apibank", split="1"))}
-
-
-def pick_dialogue(name: str | None) -> tuple[str, list]:
-    groups = dialogues()
+    groups = {key.rpartition(":")[2]: turns for key, turns in group_sessions(samples)}
+    if not groups:
+        raise BenchError("no multi-turn session among the selected items (API-Bank level 1 has them)")
     if name:
         if name not in groups:
-            raise OospecError(f"no API-Bank level-1 dialogue {name!r}; some are: {', '.join(sorted(groups)[:5])}")
+            raise BenchError(f"no dialogue {name!r} among the selected items; some are: "
+                             f"{', '.join(sorted(groups)[:5])}")
         return name, groups[name]
-    # The most turns, then the longest final prompt: the case prefix reuse is for.
     return max(groups.items(), key=lambda kv: (len(kv[1]), len(kv[1][-1].messages[-1]["content"])))
 
 
@@ -59,40 +58,6 @@ def turn_request(sample, max_tokens: int) -> dict:
         "temperature": 0,
         "extra_body": {"oospec": {"dialect": sample.dialect, "tools_in_prompt": True, "return_token_ids": True}},
     }
-
-
-# --------------------------------------------------------------------------------------------------
-# A server in this process
-# --------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextlib.contextmanager
-def serving(service, host: str = "127.0.0.1", port: int | None = None):
-    """Run the app for `service` with uvicorn on a background thread; yields the base URL."""
-    import uvicorn
-
-    from oospec.server.app import create_app
-
-    port = port or free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(service), host=host, port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="oospec-replay-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise OospecError(f"the server did not start on {host}:{port}")
-        time.sleep(0.05)
-    try:
-        yield f"http://{host}:{port}/v1"
-    finally:
-        server.should_exit = True
-        thread.join(60)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,38 +111,45 @@ def replay(base_url: str, model: str, turns: list, max_tokens: int) -> list[Turn
     return results
 
 
-def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: str | None = None,
-        turns: int | None = None, max_tokens: int = 128, prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, threads: int | None = None,
-        dtype: str = "auto", device: str = "cpu", optimize: bool = True) -> dict:
-    """Replay the dialogue (the longest level-1 one unless named; its first `turns` turns) for every method with
-    prefix reuse off and on; `sidecar` is started once if a method needs one. Returns the report."""
+def run(target: str, methods: list[str], sidecar: SidecarSettings, selection, *, dialogue: str | None = None,
+        turns: int | None = None, max_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+        prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB, threads: int | None = None, dtype: str = "auto",
+        device: str = "cpu", optimize: bool = True) -> dict:
+    """Replay one dialogue of the sessions `selection` (an oospec.bench.items.Selection) picks (`dialogue`, else
+    the longest; its first `turns` turns) for every method with prefix reuse off and on; `sidecar` is started
+    once if a method needs one, its adapter's training items refused as in every benchmark. Returns the report."""
+    from oospec.bench.items import check_trained_items, load_datasets, trained_item_filter
     from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
     from oospec.engine.engine import Engine
+    from oospec.server.loopback import serving
     from oospec.server.service import ModelService, ServerConfig
 
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    name, samples = pick_dialogue(dialogue)
-    samples = samples[:turns] if turns else samples
     configs = [Config(m, reuse) for m in methods for reuse in (False, True)]
+    adapter = None
+    if any(c.method in SIDECAR_DRAFTERS for c in configs):
+        from oospec.sidecar.process import resolve_adapter
+
+        adapter = resolve_adapter(sidecar.model, sidecar.adapter)
+    selection.sessions = True  # offset and limit count dialogues
+    exclude = trained_item_filter(adapter) if selection.held_out_only else None
+    datasets = load_datasets(selection, exclude=exclude)
+    name, samples = pick_dialogue([s for _, items in datasets for s in items], dialogue)
+    samples = samples[:turns] if turns else samples
+    label = next(lb for lb, items in datasets if any(s.id == samples[0].id for s in items))
+    # Only the turns that run are checked: the other selected dialogues are not measured.
+    trained = check_trained_items([(label, samples)], adapter, selection.allow_trained_items)
     engine = Engine.from_pretrained(target, dtype=dtype, device=device, optimize=optimize)
     engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
     print(f"dialogue {name}: {len(samples)} turns; target {target}; configs: "
           f"{', '.join(c.label for c in configs)}", file=sys.stderr)
-    client, trained = None, []
+    client = None
     if any(c.method in SIDECAR_DRAFTERS for c in configs):
-        from oospec.sidecar.process import make_sidecar, resolve_adapter
-        from oospec.sidecar.provenance import describe, not_held_out
+        from oospec.sidecar.process import make_sidecar
 
-        # Warned about, not refused: the sidecar's hints on these turns are recall, so its speed-up there is
-        # not what a fresh dialogue gets.
-        adapter = resolve_adapter(sidecar.model, sidecar.adapter)
-        trained = not_held_out(adapter, [s.provenance_request() for s in samples])
-        if trained:
-            print(f"WARNING: {len(trained)} of the {len(samples)} turns are not held out from the sidecar adapter's "
-                  f"training data: {describe(trained)}", file=sys.stderr)
         client = make_sidecar(sidecar)
     results: dict[str, list[TurnResult]] = {}
     try:
@@ -199,6 +171,8 @@ def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: 
     identical = {label: all(a.token_ids == b.token_ids for a, b in zip(rs, reference)) for label, rs in results.items()}
     return {
         "dialogue": name,
+        "dataset": label,
+        "turn_ids": [s.id for s in samples],
         "target": target,
         "threads": threads,
         "sidecar": sidecar.model if client is not None else None,
@@ -206,9 +180,25 @@ def run(target: str, methods: list[str], sidecar: SidecarSettings, *, dialogue: 
         "max_tokens": max_tokens,
         "configs": [c.label for c in configs],
         "identical_to_first": identical,
-        "trained_turns": trained,  # turns the sidecar adapter's manifest does not hold out (provenance.not_held_out)
+        "trained_turns": trained,  # turns run with --allow-trained-items (oospec.bench.items.check_trained_items)
         "turns": {label: [vars(r) for r in rs] for label, rs in results.items()},
     }
+
+
+def write(report: dict, out, datasets: list[str]):
+    """serve.json (the report), serve.md (its tables) and samples.jsonl (one record per configuration and turn,
+    compared with the first configuration's tokens) in the output folder; returns the folder."""
+    folder = output_folder(out, datasets, command="serve")
+    reference = report["turns"][report["configs"][0]]
+    with RecordLog(folder) as log:
+        for config, rows in report["turns"].items():
+            for row, ref, sample_id in zip(rows, reference, report["turn_ids"]):
+                log.write({"dataset": report["dataset"], "sample_id": sample_id, "method": config,
+                           "session": report["dialogue"], **{k: v for k, v in row.items() if k != "token_ids"},
+                           "tokens": row["token_ids"], **compared(ref["token_ids"], row["token_ids"])})
+    write_json(folder / "serve.json", report)
+    (folder / "serve.md").write_text(markdown(report), encoding="utf-8")
+    return folder
 
 
 def markdown(report: dict) -> str:
@@ -216,7 +206,7 @@ def markdown(report: dict) -> str:
     turns = report["turns"]
     base = labels[0]
     lines = [
-        f"Dialogue `{report['dialogue']}` (API-Bank level 1), target `{report['target']}`, "
+        f"Dialogue `{report['dialogue']}` ({report.get('dataset', 'apibank:1')}), target `{report['target']}`, "
         f"max_tokens {report['max_tokens']}, {report['threads'] or 'all'} target thread(s)"
         + (f", sidecar `{report['sidecar']}` on {report['sidecar_threads']} thread(s)" if report.get("sidecar") else "")
         + ". Latency per turn in seconds, client side (request sent to full response received).",
