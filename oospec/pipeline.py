@@ -12,10 +12,10 @@ it too, so that the Python path and the commands start the same sidecar and spli
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
-from oospec.engine.drafting import Drafter
+from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine, Result
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import ChatTemplateError, OospecError
@@ -49,14 +49,21 @@ class Pipeline:
     prefix_cache: PrefixCache | None = field(
         default_factory=lambda: PrefixCache(int(DEFAULT_PREFIX_CACHE_MB * 2**20)))
 
-    def generate(self, messages: list[dict], tools: list[dict] | None = None, **options) -> Result:
-        """Engine.generate with this pipeline's drafter, budget and prefix cache; `tools` the chat template cannot
-        render are refused (ChatTemplateError) rather than silently dropped."""
-        if tools:
-            check_template_renders_tools(self.engine, messages, tools)
-        options.setdefault("budget", self.budget)
-        options.setdefault("prefix_cache", self.prefix_cache)
-        return self.engine.generate(messages, tools=tools, drafter=self.drafter, **options)
+    def generate(self, request: Request | list[dict], tools: list[dict] | None = None, **fields) -> Result:
+        """Engine.generate with this pipeline's drafter, budget and prefix cache (`prefix_cache=None` turns it off
+        for this call); `request` a Request, or chat messages with `tools` and Request fields as keywords. Chat
+        tools the template cannot render are refused (ChatTemplateError) rather than silently dropped."""
+        prefix_cache = fields.pop("prefix_cache", self.prefix_cache)
+        on_tokens = fields.pop("on_tokens", None)
+        if not isinstance(request, Request):
+            request = Request.chat(request, tools, **fields)
+        elif tools is not None or fields:
+            raise TypeError("give a Request, or messages with Request fields as keywords, not both")
+        if request.chat_tools and request.messages is not None:
+            check_template_renders_tools(self.engine, request.messages, request.chat_tools)
+        if request.budget is None:
+            request = replace(request, budget=self.budget)
+        return self.engine.generate(request, drafter=self.drafter, prefix_cache=prefix_cache, on_tokens=on_tokens)
 
     def tool_calls(self, result: Result, dialect: str = "hermes") -> list[ToolCall]:
         """The tool calls in a reply, read as the target writes them (`dialect`, see oospec.tools.dialects)."""
