@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
+from oospec.drafters import make_drafter, uses_sidecar
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine, Result
 from oospec.engine.prefix_cache import PrefixCache
@@ -25,14 +25,15 @@ from oospec.tools.dialects import ToolCall, get_dialect
 
 
 def target_threads(threads: int | None, sidecar: SidecarSettings | None) -> int | None:
-    """The target's torch threads: `threads` when given; else, while a sidecar runs on the CPU, all of torch's
-    cores less the sidecar's (the rule `oospec bench run` uses, oospec.bench.config.plan_cores), so the two
-    processes never fight over a core; else None (torch's default: all cores)."""
+    """The target's torch threads (oospec.engine.threads.split_cores): `threads` when given; else, while a
+    sidecar runs on the CPU, all of torch's cores less the sidecar's; else None (torch's default: all cores)."""
     if threads or sidecar is None or sidecar.device != "cpu":
         return threads
     import torch
 
-    return max(1, torch.get_num_threads() - (sidecar.threads or 1))
+    from oospec.engine.threads import split_cores
+
+    return split_cores(torch.get_num_threads(), threads, sidecar.threads, sidecar.device)[0]
 
 
 @dataclass
@@ -100,7 +101,7 @@ def load(model: str = DEFAULT_TARGET, method: str = DEFAULT_METHOD, *, sidecar: 
     threads: the target's torch threads (default: all cores less the sidecar's, see `target_threads`).
     drafter_options: passed to the drafter (e.g. memory=CallMemory(path) for retrieval, toolspec, oospec)."""
     settings = None
-    if method in SIDECAR_DRAFTERS:
+    if uses_sidecar(method):
         settings = sidecar if isinstance(sidecar, SidecarSettings) else SidecarSettings(
             **({"model": sidecar} if sidecar else {}))
     use_threads(target_threads(threads, settings))

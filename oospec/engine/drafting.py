@@ -94,6 +94,9 @@ class Drafter:
 
     name = "ar"
     cost: CostModel | None = None
+    # True: the drafter takes `sidecar=` (a sidecar process's client) and its method starts one; the cores are
+    # then split between the target and the sidecar (oospec.engine.threads.split_cores).
+    uses_sidecar = False
 
     def start(self, request: Request) -> None:
         """Called once per request before the first proposal."""

@@ -7,7 +7,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
+from oospec.drafters import make_drafter, uses_sidecar
 from oospec.engine.decode import Generation
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine
@@ -64,11 +64,11 @@ class ModelService:
     def __init__(self, engine: Engine, config: ServerConfig, drafter: Drafter | None = None, sidecar=None):
         self.engine = engine
         self.config = config
-        if drafter is None and config.method in SIDECAR_DRAFTERS and sidecar is None:
+        if drafter is None and uses_sidecar(config.method) and sidecar is None:
             raise OospecError(f"method {config.method!r} needs a sidecar: pass sidecar=make_sidecar(...) "
                               "(oospec.sidecar.process), or choose another method (e.g. toolspec)")
         self.drafter = drafter if drafter is not None else make_drafter(
-            config.method, **({"sidecar": sidecar} if config.method in SIDECAR_DRAFTERS else {}))
+            config.method, **({"sidecar": sidecar} if uses_sidecar(config.method) else {}))
         self.sidecar = sidecar
         self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2**20)) if config.prefix_cache_mb > 0 else None
         self.worker = Worker(self.execute, config.max_queue)
