@@ -40,8 +40,7 @@ def _demo(console, pipe: Pipeline, model, method, sample_index, warmup_samples, 
     history = [samples[(sample_index - k) % len(samples)] for k in range(warmup_samples, 0, -1)]
     for i, past in enumerate(history, 1):
         console.print(f"[dim]earlier call {i}/{len(history)} of the session ({past.id})...[/]")
-        engine.generate(past.messages, tools=past.chat_tools(), tool_schemas=past.tools, dialect=past.dialect,
-                        drafter=drafter, max_new_tokens=max_new_tokens, budget=pipe.budget)
+        engine.generate(past.request(max_new_tokens=max_new_tokens, budget=pipe.budget), drafter=drafter)
     question = next(m["content"] for m in reversed(sample.messages) if m["role"] == "user")
     console.print(f"\n[bold]request[/] ({sample.id}, {len(sample.tools)} tools in the system prompt):")
     console.print(question.strip()[-600:], markup=False)
@@ -52,9 +51,8 @@ def _demo(console, pipe: Pipeline, model, method, sample_index, warmup_samples, 
     for name, how in (("ar", None), (method, drafter)):
         console.print(f"[dim]decoding with {name}" + (f" on {cores} cores" if how is None else "") + "...[/]")
         with torch_threads(cores if how is None else pipe.threads):
-            results[name] = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                                            dialect=sample.dialect, drafter=how, max_new_tokens=max_new_tokens,
-                                            budget=pipe.budget)
+            results[name] = engine.generate(sample.request(max_new_tokens=max_new_tokens, budget=pipe.budget),
+                                            drafter=how)
     base, fast = results["ar"], results[method]
     for name, res in results.items():
         console.print(f"\n[bold]{name}[/] wrote:")

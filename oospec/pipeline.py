@@ -12,10 +12,10 @@ it too, so that the Python path and the commands start the same sidecar and spli
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
-from oospec.engine.drafting import Drafter
+from oospec.drafters import make_drafter, uses_sidecar
+from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine, Result
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import ChatTemplateError, OospecError
@@ -25,14 +25,15 @@ from oospec.tools.dialects import ToolCall, get_dialect
 
 
 def target_threads(threads: int | None, sidecar: SidecarSettings | None) -> int | None:
-    """The target's torch threads: `threads` when given; else, while a sidecar runs on the CPU, all of torch's
-    cores less the sidecar's (the rule `oospec bench run` uses, oospec.bench.config.plan_cores), so the two
-    processes never fight over a core; else None (torch's default: all cores)."""
+    """The target's torch threads (oospec.engine.threads.split_cores): `threads` when given; else, while a
+    sidecar runs on the CPU, all of torch's cores less the sidecar's; else None (torch's default: all cores)."""
     if threads or sidecar is None or sidecar.device != "cpu":
         return threads
     import torch
 
-    return max(1, torch.get_num_threads() - (sidecar.threads or 1))
+    from oospec.engine.threads import split_cores
+
+    return split_cores(torch.get_num_threads(), threads, sidecar.threads, sidecar.device)[0]
 
 
 @dataclass
@@ -49,14 +50,21 @@ class Pipeline:
     prefix_cache: PrefixCache | None = field(
         default_factory=lambda: PrefixCache(int(DEFAULT_PREFIX_CACHE_MB * 2**20)))
 
-    def generate(self, messages: list[dict], tools: list[dict] | None = None, **options) -> Result:
-        """Engine.generate with this pipeline's drafter, budget and prefix cache; `tools` the chat template cannot
-        render are refused (ChatTemplateError) rather than silently dropped."""
-        if tools:
-            check_template_renders_tools(self.engine, messages, tools)
-        options.setdefault("budget", self.budget)
-        options.setdefault("prefix_cache", self.prefix_cache)
-        return self.engine.generate(messages, tools=tools, drafter=self.drafter, **options)
+    def generate(self, request: Request | list[dict], tools: list[dict] | None = None, **fields) -> Result:
+        """Engine.generate with this pipeline's drafter, budget and prefix cache (`prefix_cache=None` turns it off
+        for this call); `request` a Request, or chat messages with `tools` and Request fields as keywords. Chat
+        tools the template cannot render are refused (ChatTemplateError) rather than silently dropped."""
+        prefix_cache = fields.pop("prefix_cache", self.prefix_cache)
+        on_tokens = fields.pop("on_tokens", None)
+        if not isinstance(request, Request):
+            request = Request.chat(request, tools, **fields)
+        elif tools is not None or fields:
+            raise TypeError("give a Request, or messages with Request fields as keywords, not both")
+        if request.chat_tools and request.messages is not None:
+            check_template_renders_tools(self.engine, request.messages, request.chat_tools)
+        if request.budget is None:
+            request = replace(request, budget=self.budget)
+        return self.engine.generate(request, drafter=self.drafter, prefix_cache=prefix_cache, on_tokens=on_tokens)
 
     def tool_calls(self, result: Result, dialect: str = "hermes") -> list[ToolCall]:
         """The tool calls in a reply, read as the target writes them (`dialect`, see oospec.tools.dialects)."""
@@ -93,7 +101,7 @@ def load(model: str = DEFAULT_TARGET, method: str = DEFAULT_METHOD, *, sidecar: 
     threads: the target's torch threads (default: all cores less the sidecar's, see `target_threads`).
     drafter_options: passed to the drafter (e.g. memory=CallMemory(path) for retrieval, toolspec, oospec)."""
     settings = None
-    if method in SIDECAR_DRAFTERS:
+    if uses_sidecar(method):
         settings = sidecar if isinstance(sidecar, SidecarSettings) else SidecarSettings(
             **({"model": sidecar} if sidecar else {}))
     use_threads(target_threads(threads, settings))

@@ -74,8 +74,7 @@ def test_smollm2_bf16_matches_bf16_greedy_on_tool_prompts(smollm2_path, smollm2_
         reference = greedy_reference(model, prompt, 32, engine.eos_ids)
         for drafter in (make_drafter("toolspec"), make_drafter("pld"), DecoyOracleDrafter(reference, 49152, i),
                         RandomTreeDrafter(49152, i, max_nodes=24)):
-            out = engine.generate(sample.messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=32,
-                                  tool_schemas=sample.tools, dialect=sample.dialect)
+            out = engine.generate(sample.request(prompt_ids=prompt, max_new_tokens=32), drafter=drafter)
             assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on sample {i}: {out.text!r}"
 
 

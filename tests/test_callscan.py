@@ -4,7 +4,7 @@ import json
 
 from helpers import APIBANK_TOOLS
 
-from oospec.tools.callscan import CallScanner, Habits, structure_continuations
+from oospec.tools.callscan import CallPosition, CallScanner, Habits, structure_continuations
 from oospec.tools.render import CallRenderer
 
 
@@ -77,3 +77,21 @@ def test_a_pretty_printing_target_is_followed_from_its_first_indented_line():
     CallScanner(habits.style).feed('{"name": "CancelRegistration", "parameters": {"appointment_id": "1"}}')
     assert habits.style.indent is None
     assert CallRenderer(habits.style, "parameters").call("C", {"a": 1}) == '{"name": "C", "parameters": {"a": 1}}'
+
+
+def test_the_call_position_names_every_place_in_a_call():
+    """One typed state, read from the scanner, that the schema drafter and the sidecar's alignment match on."""
+    P = CallPosition
+    steps = [("<tool_call>\n", P.OUTSIDE), ("{", P.CALL_KEY_NEXT), ('"na', P.CALL_KEY), ('me"', P.CALL_COLON),
+             (":", P.CALL_VALUE_NEXT), (' "Get', P.NAME), ('X"', P.CALL_VALUE_DONE), (', "arguments": {', P.ARG_KEY_NEXT),
+             ('"ci', P.ARG_KEY), ('ty"', P.ARG_COLON), (": ", P.ARG_VALUE), ('"Par', P.ARG_STRING),
+             ('is"', P.ARG_VALUE_DONE), (', "n": 1', P.ARG_VALUE), (', "box": [', P.ARG_NESTED), ("2]", P.ARG_VALUE_DONE),
+             ("}", P.CALL_VALUE_DONE), ("}", P.OUTSIDE)]
+    scan = CallScanner(Habits().style)
+    for text, where in steps:
+        scan.feed(text)
+        assert scan.position is where, text
+        assert where.in_arguments == where.name.startswith("ARG_")
+    other = CallScanner(Habits().style)
+    other.feed('{"name": "f", "id": "x')  # a call key the schema says nothing of
+    assert other.position is P.OTHER

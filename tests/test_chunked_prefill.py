@@ -188,8 +188,8 @@ def test_smollm2_chunked_prefill_with_a_real_sidecar_process(smollm2_engine):
         with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good", "delay_s": 0.3},
                            threads=1, ready_timeout_s=120) as client:
             for _ in range(2):  # the second request: the thread is given back to the sidecar for its new job
-                out = engine.generate(sample.messages, prompt_ids=prompt, drafter=make_drafter("oospec", sidecar=client),
-                                      max_new_tokens=48, tool_schemas=sample.tools, dialect=sample.dialect)
+                out = engine.generate(sample.request(prompt_ids=prompt, max_new_tokens=48),
+                                      drafter=make_drafter("oospec", sidecar=client))
                 assert np.array_equal(out.tokens, whole.tokens)
                 assert out.stats.threads_borrowed == 1 and torch.get_num_threads() == 1
     finally:

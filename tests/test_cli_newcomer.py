@@ -171,6 +171,24 @@ def test_the_target_gets_the_cores_the_sidecar_leaves():
     assert target_threads(None, SidecarSettings(device="cuda:1")) is None  # the sidecar takes no core
 
 
+def test_one_rule_splits_the_cores_for_every_caller():
+    """The bench's plan and oospec.load's threads come from one rule, and a method's drafter says whether it
+    needs a sidecar at all."""
+    from oospec.bench.config import BenchConfig, plan_cores
+    from oospec.drafters import DRAFTERS, SIDECAR_DRAFTERS, uses_sidecar
+    from oospec.engine.threads import split_cores
+
+    assert split_cores(8, None, 2, "cpu") == (6, 2)
+    assert split_cores(8, 3, 2, "cpu") == (3, 2)  # the target's threads as told
+    assert split_cores(1, None, 1, "cpu") == (1, 1)  # never below one
+    assert split_cores(8, None, 2, "cuda:1") == (8, 0) and split_cores(8, None, 2, None) == (8, 0)
+    assert SIDECAR_DRAFTERS == {"sidecar", "oospec"} == {m for m in DRAFTERS if DRAFTERS[m].uses_sidecar}
+    assert uses_sidecar("oospec") and not uses_sidecar("toolspec") and not uses_sidecar("no-such-method")
+    cores = plan_cores(BenchConfig(sidecar_threads=2), 8, with_sidecar=True)
+    assert (cores.target, cores.sidecar, cores.total) == (6, 2, 8)
+    assert (plan_cores(BenchConfig(sidecar_threads=2), 8, with_sidecar=False).target, cores.sidecar_device) == (8, "cpu")
+
+
 # -- --help ---------------------------------------------------------------------------------------------------
 
 

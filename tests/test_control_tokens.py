@@ -11,7 +11,7 @@ import pytest
 from helpers import QWEN25_CHAT_TEMPLATE, WEATHER, tiny_model
 
 from oospec.engine.engine import Engine
-from oospec.server.prompting import build_prompt
+from oospec.server.prompting import build_request
 from oospec.server.schemas import parse_chat_request
 from oospec.sidecar.predictor import TaskFormat
 from oospec.sidecar.protocol import Job
@@ -91,20 +91,26 @@ PLACES = ["system", "user", "assistant", "tool result", "call arguments", "call 
           "parameter description", "parameter name"]
 
 
+def server_request(tokenizer, req):
+    """The server's (Request, forced text) for a parsed request, rendered by `tokenizer` alone (no model)."""
+    engine = SimpleNamespace(tokenizer=tokenizer, target=SimpleNamespace(max_context=10**6),
+                             call_constraint=lambda *args, **kwargs: None)
+    return build_request(engine, req, default_max_tokens=1, budget=1)
+
+
 @pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("tool_choice", ["auto", "required"])
 def test_injection_in_every_role_leaves_the_control_token_count_unchanged(tokenizer, where, tool_choice):
-    engine = SimpleNamespace(tokenizer=tokenizer)
     prompts = {}
     for name, text in (("benign", BENIGN), ("injected", INJECTION)):
         body = {**request(text, where), "tool_choice": tool_choice}
-        prompts[name] = build_prompt(engine, parse_chat_request(body))
+        prompts[name], _ = server_request(tokenizer, parse_chat_request(body))
     benign, injected = prompts["benign"], prompts["injected"]
-    assert control_count(tokenizer, benign.ids) > 0
-    assert control_count(tokenizer, injected.ids) == control_count(tokenizer, benign.ids)
-    assert kept_as_text(tokenizer.decode(injected.ids))
+    assert control_count(tokenizer, benign.prompt_ids) > 0
+    assert control_count(tokenizer, injected.prompt_ids) == control_count(tokenizer, benign.prompt_ids)
+    assert kept_as_text(tokenizer.decode(injected.prompt_ids))
     # drafters and the sidecar read the client's words, not the markers
-    assert "OOSPEC" not in repr(injected.messages) + repr(injected.template_tools)
+    assert "OOSPEC" not in repr(injected.messages) + repr(injected.chat_tools)
 
 
 @pytest.mark.parametrize("where", PLACES)
@@ -138,12 +144,12 @@ def test_benign_prompts_have_the_ids_they_had_before(tokenizer, where, tool_choi
     else:
         body["tool_choice"] = tool_choice
     req = parse_chat_request(body)
-    prompt = build_prompt(SimpleNamespace(tokenizer=tokenizer), req)
-    assert prompt.ids.tolist() == old_ids(tokenizer, prompt.messages, prompt.template_tools or None,
-                                          prompt.forced_text).tolist()
+    prompt, forced_text = server_request(tokenizer, req)
+    assert prompt.prompt_ids.tolist() == old_ids(tokenizer, prompt.messages, prompt.chat_tools or None,
+                                                 forced_text).tolist()
     engine = Engine(tiny_model("qwen2"), tokenizer)
-    assert engine.encode(prompt.messages, prompt.template_tools).tolist() == \
-        old_ids(tokenizer, prompt.messages, prompt.template_tools or None).tolist()
+    assert engine.encode(prompt.messages, prompt.chat_tools).tolist() == \
+        old_ids(tokenizer, prompt.messages, prompt.chat_tools or None).tolist()
 
 
 def test_markers_cut_apart_by_the_template_still_keep_text_as_text(smollm2_tokenizer):

@@ -10,6 +10,7 @@ import pytest
 from test_sidecar import END, GOOD, TOOLS, WEATHER, drafter_after
 
 from oospec.drafters.sidecar import dialect_joint
+from oospec.engine.drafting import Request
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload, parse_payload
 from oospec.tools.dialects import DIALECTS
 
@@ -228,8 +229,8 @@ def two_call_case(smollm2_engine):
 
 def _run(engine, case, drafter):
     messages, prompt, _, _ = case
-    return engine.generate(messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=96, tool_schemas=TOOLS,
-                           dialect="hermes")
+    return engine.generate(Request(prompt_ids=prompt, messages=messages, tools=TOOLS, dialect="hermes",
+                                   max_new_tokens=96), drafter=drafter)
 
 
 def test_hints_for_the_second_call_come_from_the_second_prediction(smollm2_engine, two_call_case):

@@ -133,8 +133,8 @@ def test_smollm2_multi_turn_apibank_reuse_matches_cold_ar(smollm2_engine):
     drafter = make_drafter("toolspec")
     for i, sample_ in enumerate(turns[:3]):
         prompt = engine.encode(sample_.messages)
-        fast = engine.generate(sample_.messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=40,
-                               tool_schemas=sample_.tools, dialect=sample_.dialect, prefix_cache=cache)
+        fast = engine.generate(sample_.request(prompt_ids=prompt, max_new_tokens=40), drafter=drafter,
+                               prefix_cache=cache)
         cold = engine.generate(prompt_ids=prompt, max_new_tokens=40)
         assert np.array_equal(fast.tokens, cold.tokens), f"turn {i}"
         if i:

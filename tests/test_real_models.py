@@ -6,6 +6,7 @@ from adversarial import DecoyOracleDrafter, HugeTreeDrafter, RandomTreeDrafter, 
 from helpers import greedy_reference
 
 from oospec.drafters import make_drafter
+from oospec.engine.drafting import Request
 
 CHATS = [
     [{"role": "user", "content": "What is 2+2? Answer in one sentence."}],
@@ -55,8 +56,8 @@ def test_smollm2_tool_drafters_on_apibank_match_greedy(smol):
         prompt = smol.encode(sample.messages, sample.chat_tools())
         reference = greedy_reference(smol.model, prompt, 64, eos_ids=smol.eos_ids)
         for drafter in drafters:
-            out = smol.generate(prompt_ids=prompt, drafter=drafter, max_new_tokens=64, budget=16,
-                                tool_schemas=sample.tools, dialect=sample.dialect)
+            out = smol.generate(Request(prompt_ids=prompt, tools=sample.tools, dialect=sample.dialect,
+                                        max_new_tokens=64, budget=16), drafter=drafter)
             assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on {sample.id}"
 
 

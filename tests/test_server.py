@@ -431,8 +431,8 @@ def test_max_tokens_is_capped_by_the_context(engine):
                                                 default_max_tokens=99))
     try:
         work = service.prepare(parse_chat_request({"messages": CHAT, "max_tokens": 10**6}))
-        assert work.max_new_tokens == engine.target.max_context - work.prompt.ids.size
-        assert service.prepare(parse_chat_request({"messages": CHAT})).max_new_tokens == 99
+        assert work.request.max_new_tokens == engine.target.max_context - work.request.prompt_ids.size
+        assert service.prepare(parse_chat_request({"messages": CHAT})).request.max_new_tokens == 99
     finally:
         service.close()
 

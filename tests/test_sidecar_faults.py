@@ -15,6 +15,7 @@ import pytest
 from sidecar_fakes import InstantSidecar
 
 from oospec.drafters import make_drafter
+from oospec.engine.drafting import Request
 from oospec.sidecar import SidecarClient
 from oospec.sidecar.protocol import Guess, Job
 from oospec.tools.schema import to_openai
@@ -45,8 +46,7 @@ def fake_client(**options) -> SidecarClient:
 
 
 def generate(engine, sample, prompt, drafter, max_new_tokens=56):
-    return engine.generate(sample.messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=max_new_tokens,
-                           tool_schemas=sample.tools, dialect=sample.dialect)
+    return engine.generate(sample.request(prompt_ids=prompt, max_new_tokens=max_new_tokens), drafter=drafter)
 
 
 def test_good_hint_is_faster_and_identical(smol_engine, apibank_case):
@@ -147,8 +147,8 @@ def engine_generate(engine, prompt, drafter, sample, messages, wait_for=None, ma
                 time.sleep(0.05)
         drafter.start = start
     try:
-        return engine.generate(messages, prompt_ids=prompt, drafter=drafter, max_new_tokens=max_new_tokens,
-                               tool_schemas=sample.tools, dialect=sample.dialect)
+        return engine.generate(Request(prompt_ids=prompt, messages=messages, tools=sample.tools,
+                                       dialect=sample.dialect, max_new_tokens=max_new_tokens), drafter=drafter)
     finally:
         if wait_for is not None:
             del drafter.start

@@ -168,8 +168,7 @@ def test_traces_are_the_teachers_greedy_calls_and_resume(smollm2_engine, tmp_pat
     traces = record_traces(engine, samples, path, max_new_tokens=12, progress=False)
     assert sorted(t["id"] for t in traces) == sorted(s.id for s in samples)
     for sample in samples:
-        ar = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                             dialect=sample.dialect, max_new_tokens=12)
+        ar = engine.generate(sample.request(max_new_tokens=12))
         assert next(t for t in traces if t["id"] == sample.id)["text"] == ar.text
     assert len(read_traces(path)) == 2 and np.all([t["messages"] for t in traces])
 

@@ -103,7 +103,8 @@ def check_sampling(cfg: BenchConfig) -> None:
 
 def plan_cores(cfg: BenchConfig, default_threads: int, with_sidecar: bool) -> Cores:
     """`default_threads`: torch's own choice (all physical cores)."""
-    on_cpu = with_sidecar and cfg.sidecar_device == "cpu"
-    sidecar = max(1, cfg.sidecar_threads) if on_cpu else 0
-    target = cfg.threads or max(1, default_threads - sidecar)
+    from oospec.engine.threads import split_cores
+
+    device = cfg.sidecar_device if with_sidecar else None
+    target, sidecar = split_cores(default_threads, cfg.threads, cfg.sidecar_threads, device)
     return Cores(target, sidecar, cfg.sidecar_device if with_sidecar else None, os.cpu_count() or 1)

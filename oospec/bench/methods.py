@@ -61,12 +61,10 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
     if cfg.tool_choice == "required":  # the grammar's cost is the method's: built inside the timed call
         forced, constraint = engine.forced_call(sample.openai_tools(), sample.dialect)
         prompt_ids = np.concatenate([prompt_ids, forced])
-    # The only sample metadata a drafter sees: gold answers and source files stay out of the request.
-    result = engine.generate(sample.messages, prompt_ids=prompt_ids, drafter=drafter, max_new_tokens=max_new_tokens,
-                             budget=cfg.budget, tool_schemas=sample.tools, dialect=sample.dialect,
-                             tools_in_prompt=sample.meta.get("tools_in_prompt"), temperature=cfg.temperature,
-                             top_p=cfg.top_p, top_k=cfg.top_k, seed=item_seed(cfg, sample.dataset, sample.id),
-                             prefix_cache=prefix_cache, constraint=constraint)
+    request = sample.request(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, budget=cfg.budget,
+                             temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                             seed=item_seed(cfg, sample.dataset, sample.id), constraint=constraint)
+    result = engine.generate(request, drafter=drafter, prefix_cache=prefix_cache)
     e2e = time.perf_counter() - t0
     st = result.stats
     return Run(result.tokens.astype(np.int64), {

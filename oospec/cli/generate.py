@@ -17,12 +17,15 @@ DEMO_EXAMPLE = "oospec demo --sample 3"
 
 
 def cmd_generate(args) -> None:
+    from oospec.engine.drafting import Request
     from oospec.engine.engine import Engine
     from oospec.pipeline import attach, check_template_renders_tools, sidecar_lines, target_threads, use_threads
 
     check_sampling_options(args)
     messages = load_json(args.messages, "messages")
     tools = load_tools(args.tools) if args.tools else None
+    request = Request.chat(messages, tools, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                           top_p=args.top_p, top_k=args.top_k, seed=args.seed)
     options = {}
     if args.memory:
         from oospec.drafters.retrieval import CallMemory
@@ -36,8 +39,7 @@ def cmd_generate(args) -> None:
     if tools:  # before the sidecar's process starts: a template that drops the tools is refused at once
         check_template_renders_tools(engine, messages, tools)
     with attach(engine, args.method, sidecar, args.budget, **options) as pipe:
-        result = pipe.generate(messages, tools=tools, max_new_tokens=args.max_new_tokens,
-                               temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+        result = pipe.generate(request)
         report = pipe.sidecar_report
     calls = [c.to_dict() for c in pipe.tool_calls(result)] if tools else []
     stats = result.stats

@@ -161,9 +161,9 @@ def sidecar_settings(args: argparse.Namespace):
 
 def method_sidecar(args: argparse.Namespace):
     """The SidecarSettings of the sidecar args.method runs with, or None for the methods that use none."""
-    from oospec.drafters import SIDECAR_DRAFTERS
+    from oospec.drafters import uses_sidecar
 
-    return sidecar_settings(args) if args.method in SIDECAR_DRAFTERS else None
+    return sidecar_settings(args) if uses_sidecar(args.method) else None
 
 
 def set_threads(threads: int | None) -> None:

@@ -16,9 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from oospec.engine.drafting import Request
 from oospec.errors import OospecError
 from oospec.sidecar.protocol import Job
-from oospec.sidecar.provenance import Request
+from oospec.sidecar.provenance import Request as ManifestRequest
 from oospec.tools.dialects import ToolCall, get_dialect
 from oospec.tools.schema import Tool, to_openai
 
@@ -58,6 +59,12 @@ class Sample:
         return Job(self.id, self.messages, self.openai_tools(), self.chat_tools(), dialect.opener,
                    dialect.args_key, openers=list(dialect.openers))
 
+    def request(self, **fields) -> Request:
+        """This sample as the engine decodes it (`fields`: prompt_ids, sampling, budget...). The only sample
+        metadata a drafter sees: gold answers and source files stay out of the request."""
+        return Request(messages=self.messages, tools=self.tools, chat_tools=self.chat_tools(), dialect=self.dialect,
+                       tools_in_prompt=self.meta.get("tools_in_prompt"), **fields)
+
     def prompt_text(self, tokenizer, **kwargs) -> str:
         """The prompt string, generation header included."""
         tools = self.chat_tools()
@@ -74,10 +81,10 @@ class Sample:
     def parse(self, text: str) -> list[ToolCall]:
         return get_dialect(self.dialect).parse(text)
 
-    def provenance_request(self) -> Request:
+    def provenance_request(self) -> ManifestRequest:
         """What a sidecar adapter's training manifest is checked against: this item's request (by content) and
         the tools its gold calls."""
-        return Request(self.id, self.messages, self.tools, frozenset(c.name for c in self.gold or []))
+        return ManifestRequest(self.id, self.messages, self.tools, frozenset(c.name for c in self.gold or []))
 
 
 class Samples(list[Sample]):

@@ -21,7 +21,14 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "sidecar": SidecarDrafter,  # sidecar=SidecarClient(...): hints only
     "oospec": OoOSpecDrafter,  # sidecar=SidecarClient(...): toolspec plus hints (toolspec alone without one)
 }
-SIDECAR_DRAFTERS = frozenset({"sidecar", "oospec"})  # the methods whose drafter takes sidecar=
+
+
+def uses_sidecar(method: str) -> bool:
+    """Whether `method`'s drafter drafts with a sidecar process (its class says so: Drafter.uses_sidecar)."""
+    return bool(getattr(DRAFTERS.get(method), "uses_sidecar", False))
+
+
+SIDECAR_DRAFTERS = frozenset(m for m in DRAFTERS if uses_sidecar(m))  # the methods whose drafter takes sidecar=
 
 
 def make_drafter(method: str, **options) -> Drafter:
@@ -33,4 +40,4 @@ def make_drafter(method: str, **options) -> Drafter:
     return factory(**options)
 
 
-__all__ = ["DRAFTERS", "SIDECAR_DRAFTERS", "make_drafter"]
+__all__ = ["DRAFTERS", "SIDECAR_DRAFTERS", "make_drafter", "uses_sidecar"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
+from oospec.drafters.priors import ACCEPTANCE
 from oospec.engine.drafting import Candidate, Drafter, Request
 
 
@@ -54,7 +55,7 @@ class PromptLookupDrafter(Drafter):
         found = lookup_continuations(context, context, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
                                      draft_len=self.draft_len, max_results=self.max_branches)
         # Longer matched n-grams come first and are more trustworthy; later branches are fallbacks.
-        return [Candidate(cut_at_eos(c, self._eos), min(0.8, 0.15 + 0.15 * n) / (1 + i), 0.85)
+        return [Candidate(cut_at_eos(c, self._eos), ACCEPTANCE.lookup(n, i), ACCEPTANCE.lookup_persistence)
                 for i, (c, n) in enumerate(found)]
 
 

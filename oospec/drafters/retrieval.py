@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from oospec.drafters.pld import lookup_continuations
+from oospec.drafters.priors import ACCEPTANCE
 from oospec.engine.drafting import Candidate, Drafter, Request
 
 _WORD = re.compile(r"[A-Za-z0-9_]+")
@@ -115,14 +116,14 @@ class RetrievalDrafter(Drafter):
             # The longest suffix of what is written that this past output contains, at its first occurrence.
             for cont, n in lookup_continuations(ids, written, max_ngram=self.max_ngram, draft_len=self.draft_len,
                                                 max_results=1, latest_first=False):
-                found.append((min(0.9, 0.25 + 0.1 * n) * (0.5 + 0.5 * sim), cont))
+                found.append((ACCEPTANCE.retrieval(n, sim), cont))
         found.sort(key=lambda x: -x[0])
         out, seen = [], set()
         for conf, cont in found:
             key = cont.tobytes()
             if key not in seen:
                 seen.add(key)
-                out.append(Candidate(cont, conf, 0.9))
+                out.append(Candidate(cont, conf, ACCEPTANCE.retrieval_persistence))
             if len(out) >= self.max_branches:
                 break
         return out

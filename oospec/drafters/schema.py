@@ -11,6 +11,7 @@ import codecs
 
 import numpy as np
 
+from oospec.drafters.priors import ACCEPTANCE
 from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.tools.callscan import CallScanner, Continuation, Habits, ValueSource, structure_continuations
 from oospec.tools.dialects import DIALECTS
@@ -90,6 +91,5 @@ class SchemaDrafter(Drafter):
             if cont.end_of_turn and eos is not None and ids.size < self.max_tokens:
                 ids = np.append(ids, eos)
             if ids.size:
-                # Forced structure: once its first token is right, the rest nearly always is.
-                out.append(Candidate(ids, cont.confidence, 0.97))
+                out.append(Candidate(ids, cont.confidence, ACCEPTANCE.structure_persistence))
         return out

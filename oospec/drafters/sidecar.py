@@ -31,6 +31,7 @@ import torch
 
 from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.drafters.pld import PromptLookupDrafter
+from oospec.drafters.priors import ACCEPTANCE
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar_schedule import SidecarSchedule
@@ -38,7 +39,7 @@ from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
 from oospec.sidecar.agreement import same_value
 from oospec.sidecar.protocol import Guess, Job, Payload
-from oospec.tools.callscan import CallScanner
+from oospec.tools.callscan import CallPosition, CallScanner
 from oospec.tools.dialects import Dialect, ToolCall, extract_json_calls
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Tool, to_openai
@@ -98,11 +99,13 @@ class SidecarDrafter(Drafter):
     """Proposes the rest of the call from the sidecar's payload. Shares the schema drafter's scanner."""
 
     name = "sidecar"
+    uses_sidecar = True
 
     SCHEDULES = ("cost", "always")
 
     def __init__(self, sidecar=None, schema: SchemaDrafter | None = None, max_tokens: int = 96,
-                 confidence: float = 0.9, alternative_confidence: float = 0.35, wait_s: float = 0.0,
+                 confidence: float = ACCEPTANCE.hint_confidence,
+                 alternative_confidence: float = ACCEPTANCE.alternative_hint_confidence, wait_s: float = 0.0,
                  schedule: str = "cost", plan: SidecarSchedule | None = None):
         if schedule not in self.SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(self.SCHEDULES)}, got {schedule!r}")
@@ -349,8 +352,8 @@ class SidecarDrafter(Drafter):
                 ids = np.append(ids, eos)
             conf = self.confidence if rank == 0 or guess.function == schema.scanner.name else self.alternative_confidence
             if schema.scanner.name is not None and schema.scanner.name not in self.tool_names:
-                conf *= 0.5  # a misnamed call: its arguments are only likely to be a guess's
-            out.append(Candidate(ids, conf, 0.97))
+                conf *= ACCEPTANCE.misnamed_call_factor
+            out.append(Candidate(ids, conf, ACCEPTANCE.hint_persistence))
         return out
 
     def rest_of_call(self, scan: CallScanner, guess: Guess) -> str | None:
@@ -361,7 +364,8 @@ class SidecarDrafter(Drafter):
             return None
         render, hint = self.render, guess.arguments
         full = render.call(guess.function, hint, tool)
-        if not scan.stack:
+        where = scan.position
+        if where is CallPosition.OUTSIDE:
             written = scan.outside
             joint = self._joint() if scan.calls_done else None
             openers = [joint] if joint is not None else [] if scan.calls_done else (
@@ -379,23 +383,23 @@ class SidecarDrafter(Drafter):
         if full.startswith(written):
             return full[len(written):]
         # Re-align at the next key or value boundary of the arguments object.
-        if len(scan.stack) < 2 or scan.stack[1].role != "args" or (scan.name != guess.function and not unknown):
+        if not where.in_arguments or (scan.name != guess.function and not unknown):
             return None
         args = scan.stack[1]
         keys = set(args.keys)
-        if len(scan.stack) == 2 and scan.in_string and scan.string_role == "key":
+        if where is CallPosition.ARG_KEY:
             prefix = "".join(scan.buf)
             for p in tool.parameters:
                 if p.name not in keys and p.name in hint and p.name.startswith(prefix):
                     item = render.item(p.name, hint[p.name])
                     return item[1 + len(prefix):] + render.slots(hint, tool, keys | {p.name})
             return None
-        if len(scan.stack) == 2 and args.expect == "key":  # after `{` or `,`, and perhaps some whitespace
+        if where is CallPosition.ARG_KEY_NEXT:  # after `{` or `,`, and perhaps some whitespace
             want = render.style.ws("{" if not keys else ",", 2)
             return render.slots(hint, tool, keys, first_sep=want[len(scan.ws):] if want.startswith(scan.ws) else "")
-        if len(scan.stack) == 2 and args.expect == "comma":
+        if where is CallPosition.ARG_VALUE_DONE:
             return render.slots(hint, tool, keys)
-        if len(scan.stack) == 2 and args.expect == "colon":
+        if where is CallPosition.ARG_COLON:
             key = args.keys[-1] if args.keys else None
             if key not in hint:
                 return None
@@ -429,6 +433,7 @@ class OoOSpecDrafter(MergedDrafter):
     """`oospec`: toolspec's drafters plus the out-of-order sidecar's hints, in one token tree."""
 
     name = "oospec"
+    uses_sidecar = True  # without one it drafts as toolspec
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
                  wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost",

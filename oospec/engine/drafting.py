@@ -24,26 +24,52 @@ from typing import Any
 import numpy as np
 
 from oospec.engine.budget import CostModel
+from oospec.engine.distribution import SamplingParams
 from oospec.engine.tree import ROOT, TokenTree
 
 
 @dataclass
 class Request:
-    """What a drafter may know about the request it drafts for."""
+    """One request, stated once by whoever received it (the library, CLI, server, benchmark, vLLM): the engine
+    decodes it and its drafters read it. The engine fills `eos_ids` and `tokenizer` and renders `prompt_ids`
+    from `messages` and `chat_tools` when they are not given (Engine.prepare)."""
 
-    prompt_ids: np.ndarray  # (p,) int64 token ids of the rendered prompt
-    eos_ids: frozenset[int]  # tokens that end the turn
+    prompt_ids: np.ndarray | None = None  # (p,) int64 token ids of the rendered prompt
+    eos_ids: frozenset[int] = frozenset()  # tokens that end the turn
     tokenizer: Any = None  # the target's tokenizer (drafters that render text into target tokens)
     messages: list[dict] | None = None  # the chat messages the prompt was rendered from
     tools: list[Any] | None = None  # the tools offered to the model (oospec.tools.schema.Tool or OpenAI dicts)
     dialect: str | None = None  # how the target writes calls (oospec.tools.dialects), None: guess from the tools
-    # The tools as the chat template got them (OpenAI dicts), for a sidecar that renders the same prompt;
-    # None: the tools went through the template as `tools`, or not at all (see tools_in_prompt).
+    # The tools as the chat template got them (OpenAI dicts): the engine renders the prompt with them, a sidecar
+    # renders the same prompt; None: not through the template (see tools_in_prompt), or not known.
     chat_tools: list[dict] | None = None
     # True: the messages themselves describe the tools (no template tools); None: guess from the dialect.
     tools_in_prompt: bool | None = None
     # (r,) int64 the greedy output, known in advance: only the oracle drafter of benchmarks reads it.
     reference_tokens: np.ndarray | None = None
+    max_new_tokens: int = 256  # the most tokens of the reply (the engine lowers it to what the context holds)
+    budget: int | None = None  # the most draft nodes verified per forward; None: the engine's
+    # 0: greedy; > 0: sampled from the target's distribution after temperature, top_k (0: all) and top_p, seeded
+    # by `seed` (speculatively with a drafter: the same distribution in fewer forwards).
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    # A grammar the reply follows (oospec.engine.constraint.GrammarConstraint, Engine.constraint), with any
+    # drafter and at any temperature; single use: it follows this one reply.
+    constraint: Any = None
+
+    @classmethod
+    def chat(cls, messages: list[dict], tools: list[dict] | None = None, **fields) -> Request:
+        """A request for chat `messages` offering `tools` (OpenAI dicts) through the chat template; drafters see
+        the same tools unless `fields` give them their own (`tools=`, e.g. oospec.tools.schema.Tool)."""
+        fields.setdefault("tools", tools)
+        return cls(messages=messages, chat_tools=tools, **fields)
+
+    @property
+    def sampling(self) -> SamplingParams | None:
+        """How tokens are drawn; None: greedy."""
+        return SamplingParams(self.temperature, self.top_p, self.top_k, self.seed) if self.temperature > 0 else None
 
 
 @dataclass(frozen=True)
@@ -68,6 +94,9 @@ class Drafter:
 
     name = "ar"
     cost: CostModel | None = None
+    # True: the drafter takes `sidecar=` (a sidecar process's client) and its method starts one; the cores are
+    # then split between the target and the sidecar (oospec.engine.threads.split_cores).
+    uses_sidecar = False
 
     def start(self, request: Request) -> None:
         """Called once per request before the first proposal."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -11,7 +11,6 @@ import torch
 
 from oospec.engine.constraint import GrammarConstraint, GrammarVocabulary
 from oospec.engine.decode import Generation, OnTokens, generate
-from oospec.engine.distribution import SamplingParams
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.sampling import sample
@@ -140,73 +139,49 @@ class Engine:
         client = ClientText(self.tokenizer)
         return client.encode_array(render_chat(client, client.mark(messages), client.mark(tools)))
 
-    def generate(
-        self,
-        messages: list[dict] | None = None,
-        *,
-        prompt_ids: np.ndarray | None = None,
-        tools: list[dict] | None = None,
-        drafter: Drafter | None = None,
-        max_new_tokens: int = 256,
-        budget: int | None = None,
-        tool_schemas: list | None = None,
-        dialect: str | None = None,
-        chat_tools: list[dict] | None = None,
-        tools_in_prompt: bool | None = None,
-        reference_tokens: np.ndarray | None = None,
-        prefix_cache: PrefixCache | None = None,
-        on_tokens: OnTokens | None = None,
-        temperature: float = 0.0,
-        top_p: float = 1.0,
-        top_k: int = 0,
-        seed: int | None = None,
-        constraint: GrammarConstraint | None = None,
-    ) -> Result:
-        """Greedy (temperature 0) or sampled reply to `messages` (or to ready `prompt_ids`).
-
-        tools: OpenAI-style tools passed to the chat template. tool_schemas: the tools as drafters should see
-        them (oospec.tools.schema.Tool), for prompts that describe tools in prose; defaults to `tools`.
-        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding
-            (plain sampling at temperature > 0).
-        dialect: how the target writes calls (see oospec.tools.dialects); default hermes when tools are given.
-        chat_tools, tools_in_prompt, reference_tokens: what drafters may know beyond the messages (see Request).
-        prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
-        on_tokens: called with the tokens of each step as they are accepted; returning True stops generation.
-        temperature > 0: sample from the target's distribution after temperature, top_k (0: all) and top_p,
-        seeded by `seed`; with a drafter, speculatively (trees verified by speculative sampling, the same
-        distribution in fewer forwards), without one, plain sampling, one forward per token.
-        constraint: a grammar the reply follows (`Engine.constraint`), with any drafter and at any temperature;
-            single use: it follows this one reply.
-        """
+    def prepare(self, request: Request) -> Request:
+        """`request` ready to decode: its prompt rendered from the messages and chat tools when it has no ids,
+        checked against the context (ContextLengthError), max_new_tokens lowered to what the context holds, and
+        the engine's end-of-turn tokens and tokenizer filled in."""
+        prompt_ids = request.prompt_ids
         if prompt_ids is None:
-            if messages is None:
+            if request.messages is None:
                 raise InvalidMessagesError("give either messages or prompt_ids")
-            prompt_ids = self.encode(messages, tools)
+            prompt_ids = self.encode(request.messages, request.chat_tools)
         prompt_ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
         context = self.target.max_context
         if prompt_ids.size >= context:
             raise ContextLengthError(
                 f"the prompt has {prompt_ids.size} tokens but the model's context is {context} tokens"
             )
-        max_new_tokens = min(max_new_tokens, context - prompt_ids.size)
-        request = Request(
-            prompt_ids=prompt_ids,
-            eos_ids=self.eos_ids,
-            tokenizer=self.tokenizer,
-            messages=messages,
-            tools=tool_schemas if tool_schemas is not None else tools,
-            dialect=dialect,
-            chat_tools=chat_tools,
-            tools_in_prompt=tools_in_prompt,
-            reference_tokens=reference_tokens,
-        )
-        sampling = SamplingParams(temperature, top_p, top_k, seed) if temperature > 0 else None
+        return replace(request, prompt_ids=prompt_ids, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
+                       max_new_tokens=min(request.max_new_tokens, context - prompt_ids.size),
+                       budget=request.budget or self.budget)
+
+    def generate(self, request: Request | list[dict] | None = None, *, drafter: Drafter | None = None,
+                 prefix_cache: PrefixCache | None = None, on_tokens: OnTokens | None = None,
+                 tools: list[dict] | None = None, **fields) -> Result:
+        """Greedy (temperature 0) or sampled reply to `request` (oospec.engine.drafting.Request: the prompt, tools,
+        sampling, budget, grammar). For convenience `request` may be chat messages instead, with `tools` the
+        OpenAI tools the chat template renders and `fields` any other Request fields (`Request.chat`).
+
+        drafter: proposes the draft tokens (oospec.drafters.make_drafter); default: none, plain greedy decoding
+            (plain sampling at temperature > 0).
+        prefix_cache: reuse (and keep) the KV cache of shared prompt prefixes across requests.
+        on_tokens: called with the tokens of each step as they are accepted; returning True stops generation.
+        """
+        if not isinstance(request, Request):
+            request = Request.chat(request, tools, **fields)
+        elif tools is not None or fields:
+            raise TypeError("give a Request, or messages with Request fields as keywords, not both")
+        request = self.prepare(request)
+        sampling = request.sampling
         if sampling is not None and drafter is None:
-            gen = sample(self.target, request, max_new_tokens, sampling, prefix_cache=prefix_cache, on_tokens=on_tokens,
-                         constraint=constraint)
+            gen = sample(self.target, request, request.max_new_tokens, sampling, prefix_cache=prefix_cache,
+                         on_tokens=on_tokens, constraint=request.constraint)
         else:
-            gen = generate(self.target, drafter if drafter is not None else Drafter(), request, max_new_tokens,
-                           budget or self.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling,
-                           constraint=constraint)
+            gen = generate(self.target, drafter if drafter is not None else Drafter(), request, request.max_new_tokens,
+                           request.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling,
+                           constraint=request.constraint)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
-        return Result(text=text, generation=gen, prompt_tokens=int(prompt_ids.size))
+        return Result(text=text, generation=gen, prompt_tokens=int(request.prompt_ids.size))

@@ -13,6 +13,16 @@ import torch
 from oospec.engine.drafting import Drafter
 
 
+def split_cores(available: int, threads: int | None, sidecar_threads: int | None,
+                sidecar_device: str | None) -> tuple[int, int]:
+    """(the target's torch threads, the sidecar's CPU threads): the one rule of every command, oospec.load and
+    the benchmark. A sidecar on the CPU (`sidecar_device` "cpu") owns `sidecar_threads` (at least 1) and the
+    target gets `threads` when given, else the `available` cores less the sidecar's, so the two processes never
+    fight over a core; a sidecar on an accelerator, or none (None), takes no CPU thread."""
+    sidecar = max(1, sidecar_threads or 1) if sidecar_device == "cpu" else 0
+    return threads or max(1, available - sidecar), sidecar
+
+
 class ThreadShare:
     """Torch threads of the target during one request: `own` (the count when the request starts) plus what
     `drafter.idle_threads()` says may be borrowed now. `update` between forwards; `restore` at the end."""

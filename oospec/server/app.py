@@ -123,7 +123,7 @@ def create_app(service: ModelService) -> FastAPI:
         if not prepare_limiter:
             prepare_limiter.append(anyio.CapacityLimiter(PREPARE_AT_ONCE))
         work = await anyio.to_thread.run_sync(service.prepare, req, limiter=prepare_limiter[0])
-        note.update(id=work.id, method=config.method, prompt_tokens=int(work.prompt.ids.size))
+        note.update(id=work.id, method=config.method, prompt_tokens=int(work.request.prompt_ids.size))
         if service.sidecar is not None:  # the log line says whether this request could have had hints
             note["sidecar"] = sidecar_health(service.sidecar)["state"]
         timeout_s = service.timeout_for(req)
@@ -228,7 +228,7 @@ def model_card(service: ModelService) -> dict:
 
 
 def usage(c: Completion) -> dict:
-    prompt = int(c.work.prompt.ids.size)
+    prompt = int(c.work.request.prompt_ids.size)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": c.reply.completion_tokens,

@@ -22,11 +22,8 @@ a forced `[f(` start alone could still end as text, which a client that asked fo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
 from oospec.engine.constraint import GrammarConstraint, GrammarError
+from oospec.engine.drafting import Request
 from oospec.engine.engine import render_chat, validate_messages
 from oospec.errors import InvalidMessagesError
 from oospec.server.errors import bad_request
@@ -39,15 +36,6 @@ from oospec.tools.render import to_json
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
 
-@dataclass
-class Prompt:
-    ids: np.ndarray  # (p,) int64 prompt token ids, the forced start of the reply included
-    messages: list[dict]  # the messages as given to the chat template (drafters read the user's words here)
-    forced_text: str  # the start of the reply the prompt forces ("" when tool_choice is none or auto)
-    dialect: Dialect
-    template_tools: list[dict]  # the tools the chat template was given ([]: none, or written into the messages)
-
-
 def template_knows_tools(tokenizer) -> bool:
     template = getattr(tokenizer, "chat_template", None) or ""
     if isinstance(template, dict):
@@ -55,7 +43,10 @@ def template_knows_tools(tokenizer) -> bool:
     return "tools" in template and "tool_calls" in template
 
 
-def build_prompt(engine, req: ChatRequest) -> Prompt:
+def build_request(engine, req: ChatRequest, *, default_max_tokens: int, budget: int) -> tuple[Request, str]:
+    """The engine's Request for a validated chat request (the one place the server states it), and the start of
+    the reply the prompt forces ("" when tool_choice is none or auto); a 400 when the messages cannot be rendered,
+    the prompt leaves no room in the context, or tool_choice's tools make no grammar."""
     tokenizer = engine.tokenizer
     dialect = get_dialect(req.options.dialect)
     offer_tools = bool(req.tools) and req.tool_choice != "none" and not req.options.tools_in_prompt
@@ -75,8 +66,29 @@ def build_prompt(engine, req: ChatRequest) -> Prompt:
         ids = client.encode_array(render_chat(client, messages, template_tools) + forced)
     except InvalidMessagesError as exc:
         raise bad_request(str(exc), "messages") from None
-    return Prompt(ids=ids, messages=client.unmark(messages), forced_text=forced, dialect=dialect,
-                  template_tools=client.unmark(template_tools) or [])
+    context = engine.target.max_context
+    room = context - ids.size
+    if room < 1:
+        raise bad_request(f"the prompt has {ids.size} tokens but the model's context is {context} tokens",
+                          "messages", code="context_length_exceeded")
+    wanted = req.max_tokens if req.max_tokens is not None else default_max_tokens
+    parse_calls = req.tool_schemas is not None and req.tool_choice != "none"
+    request = Request(
+        prompt_ids=ids,
+        messages=client.unmark(messages),  # as the chat template got them (drafters read the user's words here)
+        tools=req.tool_schemas if parse_calls else None,
+        dialect=dialect.name,
+        # the sidecar renders its prompt from the messages and the tools as the template got them ([]: none, or
+        # written into the messages)
+        chat_tools=client.unmark(template_tools) or [],
+        max_new_tokens=min(wanted, room),
+        budget=budget,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        constraint=call_constraint(engine, req, dialect),
+    )
+    return request, forced
 
 
 def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
@@ -85,19 +97,19 @@ def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
     return ""
 
 
-def call_constraint(engine, req: ChatRequest, prompt: Prompt) -> GrammarConstraint | None:
+def call_constraint(engine, req: ChatRequest, dialect: Dialect) -> GrammarConstraint | None:
     """The grammar a reply that must call a tool is decoded under (None: tool_choice none or auto), or a 400 when
     there can be none: a dialect without a grammar (pythonic), or tools' parameters that do not compile into one."""
     if req.tool_choice not in ("required", "function"):
         return None
-    if not prompt.dialect.openers:
+    if not dialect.openers:
         choice = "required" if req.forced_function is None else f"naming function {req.forced_function!r}"
-        raise bad_request(f"tool_choice {choice} cannot be honoured in the {prompt.dialect.name!r} dialect: its calls "
+        raise bad_request(f"tool_choice {choice} cannot be honoured in the {dialect.name!r} dialect: its calls "
                           "have no grammar to hold the reply to a call; use tool_choice 'auto', or a JSON dialect "
                           "such as 'hermes'", "tool_choice", code="unsupported_tool_choice")
     function = req.forced_function if req.tool_choice == "function" else None
     try:
-        return engine.call_constraint(req.tools or [], prompt.dialect, function, parallel=req.parallel_tool_calls)
+        return engine.call_constraint(req.tools or [], dialect, function, parallel=req.parallel_tool_calls)
     except GrammarError as exc:
         raise bad_request(f"tool_choice {req.tool_choice!r} needs the tools' parameters as a grammar, and they do "
                           f"not make one: {exc}", "tools") from None

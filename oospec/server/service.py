@@ -7,19 +7,19 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from oospec.drafters import SIDECAR_DRAFTERS, make_drafter
-from oospec.engine.constraint import GrammarConstraint
+from oospec.drafters import make_drafter, uses_sidecar
 from oospec.engine.decode import Generation
-from oospec.engine.drafting import Drafter
+from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import OospecError
 from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB
 from oospec.server.errors import bad_request
-from oospec.server.prompting import Prompt, build_prompt, call_constraint
+from oospec.server.prompting import build_request
 from oospec.server.reply import Reply, ReplyBuilder
 from oospec.server.schemas import ChatRequest
 from oospec.server.worker import Cancelled, QueuedRequest, Worker, timeout_error
+from oospec.tools.dialects import get_dialect
 
 
 @dataclass
@@ -41,12 +41,11 @@ class ServerConfig:
 
 @dataclass
 class Work:
-    """What the worker needs for one request."""
+    """What the worker needs for one request: the client's request, and the engine's, built once from it."""
 
-    req: ChatRequest
-    prompt: Prompt
-    max_new_tokens: int
-    constraint: GrammarConstraint | None = None  # the call grammar of tool_choice required/function (single use)
+    req: ChatRequest  # what the reply needs: stops, streaming, tool_choice, the tools' names
+    request: Request  # what the engine decodes (the call grammar of tool_choice required/function: single use)
+    forced_text: str  # the start of the reply the prompt forces ("" when tool_choice is none or auto)
     id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -65,11 +64,11 @@ class ModelService:
     def __init__(self, engine: Engine, config: ServerConfig, drafter: Drafter | None = None, sidecar=None):
         self.engine = engine
         self.config = config
-        if drafter is None and config.method in SIDECAR_DRAFTERS and sidecar is None:
+        if drafter is None and uses_sidecar(config.method) and sidecar is None:
             raise OospecError(f"method {config.method!r} needs a sidecar: pass sidecar=make_sidecar(...) "
                               "(oospec.sidecar.process), or choose another method (e.g. toolspec)")
         self.drafter = drafter if drafter is not None else make_drafter(
-            config.method, **({"sidecar": sidecar} if config.method in SIDECAR_DRAFTERS else {}))
+            config.method, **({"sidecar": sidecar} if uses_sidecar(config.method) else {}))
         self.sidecar = sidecar
         self.prefix_cache = PrefixCache(int(config.prefix_cache_mb * 2**20)) if config.prefix_cache_mb > 0 else None
         self.worker = Worker(self.execute, config.max_queue)
@@ -89,14 +88,9 @@ class ModelService:
         if chars > context * self.longest_token_chars:
             raise bad_request(f"the messages have {chars} characters, more than the model's context of {context} "
                               f"tokens can hold", "messages", code="context_length_exceeded")
-        prompt = build_prompt(self.engine, req)
-        room = context - prompt.ids.size
-        if room < 1:
-            raise bad_request(f"the prompt has {prompt.ids.size} tokens but the model's context is {context} tokens",
-                              "messages", code="context_length_exceeded")
-        wanted = req.max_tokens if req.max_tokens is not None else self.config.default_max_tokens
-        return Work(req=req, prompt=prompt, max_new_tokens=min(wanted, room),
-                    constraint=call_constraint(self.engine, req, prompt))
+        request, forced_text = build_request(self.engine, req, default_max_tokens=self.config.default_max_tokens,
+                                             budget=self.config.budget)
+        return Work(req=req, request=request, forced_text=forced_text)
 
     def timeout_for(self, req: ChatRequest) -> float:
         t = self.config.request_timeout_s
@@ -106,11 +100,11 @@ class ModelService:
 
     def execute(self, job: QueuedRequest) -> Completion:
         work: Work = job.payload
-        req, prompt = work.req, work.prompt
-        parse_calls = req.tool_schemas is not None and req.tool_choice != "none"
-        reply = ReplyBuilder(self.engine.tokenizer, stops=req.stop, forced_text=prompt.forced_text,
-                             tool_names=req.tool_names if parse_calls else None, dialect=prompt.dialect,
-                             parallel_tool_calls=req.parallel_tool_calls, forced_function=req.forced_function)
+        req, request = work.req, work.request
+        reply = ReplyBuilder(self.engine.tokenizer, stops=req.stop, forced_text=work.forced_text,
+                             tool_names=[t.name for t in request.tools] if request.tools is not None else None,
+                             dialect=get_dialect(request.dialect), parallel_tool_calls=req.parallel_tool_calls,
+                             forced_function=req.forced_function)
         if job.emit is not None:
             job.emit(reply.drain())
 
@@ -122,23 +116,8 @@ class ModelService:
                     job.emit(events)
             return stopped or job.should_stop()
 
-        gen = self.engine.generate(
-            prompt.messages,
-            prompt_ids=prompt.ids,
-            drafter=self.drafter,
-            max_new_tokens=work.max_new_tokens,
-            budget=self.config.budget,
-            tool_schemas=req.tool_schemas if parse_calls else None,
-            dialect=prompt.dialect.name,
-            # the sidecar renders its prompt from the messages and the tools as the template got them
-            chat_tools=prompt.template_tools,
-            prefix_cache=self.prefix_cache,
-            on_tokens=on_tokens,
-            temperature=req.temperature,
-            top_p=req.top_p,
-            seed=req.seed,
-            constraint=work.constraint,
-        ).generation
+        gen = self.engine.generate(request, drafter=self.drafter, prefix_cache=self.prefix_cache,
+                                   on_tokens=on_tokens).generation
         if job.cancel.is_set():
             raise Cancelled()
         if job.expired():
@@ -179,7 +158,7 @@ class ModelService:
         if report:
             out["drafter"] = report
         if work.req.options.return_token_ids:
-            out["prompt_token_ids"] = work.prompt.ids.tolist()
+            out["prompt_token_ids"] = work.request.prompt_ids.tolist()
             out["completion_token_ids"] = gen.tokens.tolist()
         return out
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 
 from oospec.tools.dialects import ARGS_KEYS, CLOSERS
 from oospec.tools.jsonscan import CLOSE, OPEN, STRING, STRING_END, STRING_START, JsonScanner
@@ -58,6 +59,42 @@ class Frame:
     keys: list[str] = field(default_factory=list)
 
 
+class CallPosition(Enum):
+    """Where the target is in the call it writes: the one reading of the scanner's stack that the drafters match
+    on (the schema's continuations here, the sidecar's hint alignment in oospec.drafters.sidecar). A call is
+    `{"name": "<function>", "<arguments key>": {"<key>": <value>, ...}}`; each state names what comes next."""
+
+    OUTSIDE = "outside"  # no call open: before the first call, between two calls, after the last
+    CALL_KEY_NEXT = "call key next"  # in the call object where a key begins (after `{` or `,`)
+    CALL_KEY = "call key"  # inside a key string of the call object (`name`, the arguments key)
+    CALL_COLON = "call colon"  # after a key of the call object
+    CALL_VALUE_NEXT = "call value next"  # after the colon of a call key (the name's `"` or the arguments' `{`)
+    NAME = "name"  # inside the function name
+    CALL_VALUE_DONE = "call value done"  # after the name or the arguments object: `,` or `}` next
+    ARG_KEY_NEXT = "argument key next"  # in the arguments where a key begins (after `{` or `,`)
+    ARG_KEY = "argument key"  # inside an argument's key
+    ARG_COLON = "argument colon"  # after an argument's key
+    ARG_VALUE = "argument value"  # where an argument's value begins, or inside a number or literal
+    ARG_STRING = "argument string"  # inside an argument's string value
+    ARG_NESTED = "argument nested"  # inside an object or array of an argument's value
+    ARG_VALUE_DONE = "argument value done"  # after an argument's value: `,` or `}` next
+    OTHER = "other"  # where the schema says nothing: a string of another call key, an object not the arguments
+
+    @property
+    def in_arguments(self) -> bool:
+        return self in _IN_ARGUMENTS
+
+
+_IN_ARGUMENTS = frozenset({CallPosition.ARG_KEY_NEXT, CallPosition.ARG_KEY, CallPosition.ARG_COLON,
+                           CallPosition.ARG_VALUE, CallPosition.ARG_STRING, CallPosition.ARG_NESTED,
+                           CallPosition.ARG_VALUE_DONE})
+# A frame's `expect` to the position it stands for, in the call object and at the top of its arguments.
+_CALL_EXPECT = {"key": CallPosition.CALL_KEY_NEXT, "colon": CallPosition.CALL_COLON,
+                "value": CallPosition.CALL_VALUE_NEXT, "comma": CallPosition.CALL_VALUE_DONE}
+_ARGS_EXPECT = {"key": CallPosition.ARG_KEY_NEXT, "colon": CallPosition.ARG_COLON,
+                "value": CallPosition.ARG_VALUE, "comma": CallPosition.ARG_VALUE_DONE}
+
+
 class CallScanner:
     def __init__(self, style: Style):
         self.style = style
@@ -85,6 +122,24 @@ class CallScanner:
     @property
     def in_string(self) -> bool:
         return self.json.in_string
+
+    @property
+    def position(self) -> CallPosition:
+        """Where the target is in the call (see CallPosition)."""
+        stack = self.stack
+        if not stack:
+            return CallPosition.OUTSIDE
+        if len(stack) == 1:
+            if not self.in_string:
+                return _CALL_EXPECT[stack[0].expect]
+            return {"name": CallPosition.NAME, "key": CallPosition.CALL_KEY}.get(self.string_role, CallPosition.OTHER)
+        if stack[1].role != "args":
+            return CallPosition.OTHER
+        if len(stack) > 2:
+            return CallPosition.ARG_NESTED
+        if self.in_string:
+            return CallPosition.ARG_KEY if self.string_role == "key" else CallPosition.ARG_STRING
+        return _ARGS_EXPECT[stack[1].expect]
 
     def feed(self, text: str) -> None:
         for ch in text:
@@ -264,16 +319,17 @@ class _Continuations:
     # -- states ------------------------------------------------------------------------------------------------
     def continuations(self) -> list[Continuation]:
         scan = self.scan
-        if not scan.stack:
+        where = scan.position
+        if where is CallPosition.OUTSIDE:
             return self.outside()
         frame = scan.stack[-1]
-        if scan.in_string:
-            return self.in_string(frame)
-        if frame.role == "call":
-            return self.in_call(frame)
-        if frame.role == "args":
-            return self.in_args(frame)
-        return []
+        if where in (CallPosition.NAME, CallPosition.CALL_KEY, CallPosition.ARG_KEY, CallPosition.ARG_STRING):
+            return self.in_string(frame, where)
+        if where in _CALL_EXPECT.values():
+            return self.in_call(frame, where)
+        if where in _ARGS_EXPECT.values():
+            return self.in_args(frame, where)
+        return []  # nested in a value, or where the schema says nothing
 
     def outside(self) -> list[Continuation]:
         written = self.scan.outside
@@ -291,19 +347,18 @@ class _Continuations:
                 out.append(Continuation(closer[len(written) :], 0.8 if learned else 0.5, True))
         return out
 
-    def in_string(self, frame: Frame) -> list[Continuation]:
+    def in_string(self, frame: Frame, where: CallPosition) -> list[Continuation]:
         prefix = "".join(self.scan.buf)
-        role = self.scan.string_role
-        if role == "name":
+        if where is CallPosition.NAME:
             return self.names(prefix)
-        if role == "key" and frame.role == "call":
+        if where is CallPosition.CALL_KEY:
             keys = ["name"] if not frame.keys else [self.args_key]
             return [Continuation(k[len(prefix) :] + '":' + self.style.ws(":", 1) + ("" if k != "name" else '"'), 0.9)
                     for k in keys if k.startswith(prefix)]
         tool = self.by_name.get(self.scan.name or "")
-        if tool is None or frame.role != "args":
+        if tool is None:
             return []
-        if role == "key":
+        if where is CallPosition.ARG_KEY:
             remaining = [p for p in tool.parameters if p.name not in frame.keys and p.name.startswith(prefix)]
             return [Continuation(p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p),
                                  0.9 if i == 0 else 0.3) for i, p in enumerate(remaining)]
@@ -329,16 +384,16 @@ class _Continuations:
         conf = 0.9 / max(1, len(names)) ** 0.5
         return [Continuation(t.name[len(prefix) :] + '"' + self.after_name(t), conf) for t in names]
 
-    def in_call(self, frame: Frame) -> list[Continuation]:
+    def in_call(self, frame: Frame, where: CallPosition) -> list[Continuation]:
         scan = self.scan
-        if frame.expect == "key":
+        if where is CallPosition.CALL_KEY_NEXT:
             if not frame.keys:
                 return [Continuation(self.pending_ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"', 0.9)]
             return [Continuation(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{", 0.9)]
-        if frame.expect == "colon":
+        if where is CallPosition.CALL_COLON:
             key = frame.keys[-1] if frame.keys else ""
             return [Continuation(":" + self.style.ws(":", 1) + ('"' if key == "name" else "{"), 0.9)]
-        if frame.expect == "value":
+        if where is CallPosition.CALL_VALUE_NEXT:
             key = frame.keys[-1] if frame.keys else ""
             if key == "name":
                 ws = self.pending_ws(":", 1) + '"'
@@ -347,7 +402,7 @@ class _Continuations:
             if key in ARGS_KEYS and tool is not None:
                 return [Continuation(self.pending_ws(":", 1) + "{" + self.args_body(tool), 0.9)]
             return []
-        # expect == "comma": after the name, or after the arguments object
+        # CALL_VALUE_DONE: after the name, or after the arguments object
         tool = self.by_name.get(scan.name or "")
         if frame.keys and frame.keys[-1] == "name" and tool is not None:
             return [Continuation(self.after_name(tool), 0.9)]
@@ -357,19 +412,19 @@ class _Continuations:
                                                  for c in self.closings(0.9)]
         return []
 
-    def in_args(self, frame: Frame) -> list[Continuation]:
+    def in_args(self, frame: Frame, where: CallPosition) -> list[Continuation]:
         tool = self.by_name.get(self.scan.name or "")
         if tool is None:
             return []
-        if frame.expect == "key":
+        if where is CallPosition.ARG_KEY_NEXT:
             remaining = [p for p in tool.parameters if p.name not in frame.keys]
             ws = self.pending_ws("{" if not frame.keys else ",", 2)
             return [Continuation(ws + self.key_value_open(p, 2), 0.9 if i == 0 else 0.3)
                     for i, p in enumerate(remaining[:3])]
-        if frame.expect == "colon":
+        if where is CallPosition.ARG_COLON:
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
             return [Continuation(":" + self.style.ws(":", 2) + self.render.value_open(param), 0.9)]
-        if frame.expect == "value":
+        if where is CallPosition.ARG_VALUE:
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
             if self.scan.scalar:
                 if param is not None and param.type == "boolean":

@@ -102,9 +102,8 @@ def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method
     cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes else None
     with open(path, "a", encoding="utf-8") as f:
         for sample in tqdm(todo, desc="traces", unit="req", disable=not progress):
-            result = engine.generate(sample.messages, tools=sample.chat_tools(), tool_schemas=sample.tools,
-                                     dialect=sample.dialect, drafter=drafter, max_new_tokens=max_new_tokens,
-                                     prefix_cache=cache, on_tokens=_stop_plain_answers(engine.tokenizer))
+            result = engine.generate(sample.request(max_new_tokens=max_new_tokens), drafter=drafter, prefix_cache=cache,
+                                     on_tokens=_stop_plain_answers(engine.tokenizer))
             f.write(json.dumps(trace_record(sample, result.text), ensure_ascii=False) + "\n")
             f.flush()
     return read_traces(path)
