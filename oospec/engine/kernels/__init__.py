@@ -106,7 +106,7 @@ def _load_built(path: Path, name: str):
         return None
     import importlib.util
 
-    import torch  # noqa: F401  the module links against libtorch, loaded by this import
+    __import__("torch")  # the module links against libtorch, which this import loads
 
     try:
         spec = importlib.util.spec_from_file_location(name, path)
