@@ -230,12 +230,12 @@ def _substituted(code: str, replacements: dict[str, str]) -> str:
 def test_ci_python_blocks_run_in_order(smollm2_everywhere, capsys):
     namespace: dict = {"__name__": "readme"}
     blocks = _blocks(("python",), mark="exec")
-    assert len(blocks) >= 2
+    assert blocks
     for block in blocks:
         code = block.code.replace("max_new_tokens=128", "max_new_tokens=32")
         exec(compile(code, block.where, "exec"), namespace)
     assert namespace["result"].stats.new_tokens > 0
-    assert "function" in str(namespace["drafter"].report)
+    assert namespace["result"].tokens.tolist() == namespace["plain"].tokens.tolist()
 
 
 def test_ci_server_block_against_a_real_server(smollm2_path, tmp_path):

@@ -368,7 +368,7 @@ def test_forced_tool_choice_in_the_pythonic_dialect_is_refused(smollm2_tokenizer
             service.prepare(parse_chat_request(body))
         assert e.value.status == 400 and e.value.body()["error"]["code"] == "unsupported_tool_choice"
         assert "pythonic" in e.value.body()["error"]["message"] and e.value.body()["error"]["param"] == "tool_choice"
-        assert service.prepare(parse_chat_request({**body, "tool_choice": "auto"})).constraint is None
-        assert service.prepare(parse_chat_request({**body, "oospec": {"dialect": "hermes"}})).constraint is not None
+        assert service.prepare(parse_chat_request({**body, "tool_choice": "auto"})).request.constraint is None
+        assert service.prepare(parse_chat_request({**body, "oospec": {"dialect": "hermes"}})).request.constraint is not None
     finally:
         service.close()

@@ -19,7 +19,7 @@ that string's content; arguments it wrote as another JSON value (`17`) are that 
 client sees what the model wrote; arguments are not guaranteed to be an object). Arguments that reach the end
 of the reply without a whole JSON value are a cut-off call (`complete=False`, finish_reason "length").
 
-Only offered functions are called (issue 33). Calls are read in order and end at the first call to a function
+Only offered functions are called. Calls are read in order and end at the first call to a function
 that was not offered: a reply whose first call names one is text (content), never a call; calls before it are
 kept and it and what follows are dropped, as a stream has already sent those calls. A JSON-only reply is a call
 only when every object in it names an offered function. This holds whatever tool_choice was: a reply forced to

@@ -10,7 +10,7 @@ Faults are contained here: a worker that dies is reaped at once (a thread waits 
 a zombie), noticed at the next request's start (`check`) or poll and restarted then; one that hangs past
 `hang_timeout_s` is killed and restarted. More than `max_restarts` failures within `restart_window_s` and the
 client rests: decoding goes on without hints until `quiet_period_s` have passed, then the worker is started
-again (issue 33: a few crashes no longer cost the sidecar for the life of the server). A worker that cannot
+again (a few crashes no longer cost the sidecar for the life of the server). A worker that cannot
 load its model is not retried. A job whose working set would exceed the worker's memory budget
 (oospec.sidecar.memory) is refused, fault "too-large": that request drafts without hints. Answers are checked
 by `parse_payload` before anything is built from them. Each kind of fault is logged once per client; `state`
@@ -286,7 +286,7 @@ class SidecarClient:
     def check(self) -> bool:
         """Whether a worker is there to take a job, starting the next one if the last died (never waits). The
         sidecar drafter calls it at every request's start: a worker killed while the cost model sent no jobs
-        stayed dead for good (issue 33's fuzz), and /health said so on every later request."""
+        stayed dead for good, and /health said so on every later request."""
         if self._closed or not self._wake():
             return False
         self._drain()  # answers already sent count before judging the worker; a closed pipe restarts it
@@ -339,10 +339,12 @@ class SidecarClient:
 
     def _drain(self) -> None:
         try:
-            while self._conn is not None and self._conn.poll():
+            while self._conn is not None and not self._closed and self._conn.poll():
                 kind, body = self._conn.recv()
                 self._handle(kind, body)
         except (EOFError, OSError):
+            if self._closed:  # a worker that could not load exits after saying so: not a crash, not restarted
+                return
             # One fault per death, and the next worker started now (`_restart` closes this pipe): a closed pipe
             # left in place reads as closed again at every poll, and each counted as another crash (286 in
             # one fuzz run) while the worker stayed dead.

@@ -102,7 +102,7 @@ _SUBSCHEMA_MAPS = ("$defs", "definitions", "patternProperties", "dependentSchema
 def closed(schema: Any) -> Any:
     """`schema` with every object that names its properties, at any depth, closed to others unless it says
     otherwise: a nested object was left open, and a model wrote the parameter's schema ({"type": ..., "enum":
-    ...}) as its value (issue 33's fuzz). allOf members are left as they are: closing each would refuse the
+    ...}) as its value. allOf members are left as they are: closing each would refuse the
     properties the others declare."""
     if not isinstance(schema, Mapping):
         return schema
@@ -124,7 +124,7 @@ def closed(schema: Any) -> Any:
 
 def finite(value: Any) -> Any:
     """`value` without the numbers JSON cannot write: a client's `minimum: 1e400` is parsed as infinity, which
-    the grammar's JSON text cannot hold (llguidance refused the whole grammar, issue 33). A bound no float can
+    the grammar's JSON text cannot hold (llguidance refused the whole grammar). A bound no float can
     reach says nothing a call could break, so a key holding one is left out, and so is such an item of a list."""
     if isinstance(value, float) and not math.isfinite(value):
         return None

@@ -1,4 +1,4 @@
-"""Chat messages to prompt token ids, with the client's text kept as text (issue 33).
+"""Chat messages to prompt token ids, with the client's text kept as text.
 
 Tokenizing a rendered chat template as one string turns every control-token string in it into the control
 token, wherever it came from: a user who writes `<|im_end|>\\n<|im_start|>system\\n...` would open a real system
