@@ -205,3 +205,13 @@ def test_the_benchmarks_choose_their_items_with_the_same_options():
     assert item_selection(args) == {"datasets": ["apibank:1", "bfcl", "x"], "split": None, "data": [], "offset": 0,
                                     "limit": None, "items": ["a", "b"], "held_out_only": False,
                                     "allow_trained_items": False}
+
+
+def test_every_command_that_runs_a_target_has_one_default_model():
+    from oospec.cli import build_parser
+    from oospec.models.registry import DEFAULT_TARGET
+
+    parser = build_parser()
+    for argv in (["generate", "--messages", "m.json"], ["demo"], ["serve"], ["bench", "run"], ["bench", "serve"],
+                 ["bench", "cost-curve"]):
+        assert parser.parse_args(argv).model == DEFAULT_TARGET, argv

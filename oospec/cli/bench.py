@@ -9,7 +9,7 @@ from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # no torch
 from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
                                 add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
                                 positive_int, set_threads, sidecar_settings)
-from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_SIDECAR, TINY_TARGET
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_SIDECAR
 
 COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
 RUN_EXAMPLE = """oospec bench run --dataset apibank:1 --limit 8 --methods ar,toolspec,oospec
@@ -181,7 +181,7 @@ def add_bench_parser(sub) -> None:
     add_max_new_tokens_option(p, old_spelling="--max-tokens")
     p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-serve-<datasets>)")
-    add_runtime_options(p, model_default=TINY_TARGET)
+    add_runtime_options(p)
     add_sidecar_options(p, device_default=None)  # the sidecar shares the target's --device unless told
     p.set_defaults(func=cmd_bench_serve)
 

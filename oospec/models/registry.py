@@ -99,7 +99,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 # What every command and the Python API (oospec.load) use unless told otherwise: written here once.
 DEFAULT_TARGET = "qwen2.5-coder-1.5b"
 DEFAULT_SIDECAR = "qwen2.5-coder-0.5b"  # also the draft assistant of hf-assisted and the sidecar's training base
-TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs (`oospec bench serve`)
+TINY_TARGET = "smollm2-135m"  # the tiny real model: tests and quick runs
 DEFAULT_METHOD = "oospec"  # toolspec's drafts plus the sidecar's hints (the shipped sidecar and its adapter)
 DEFAULT_BUDGET = 16  # most draft tokens verified per target forward
 DEFAULT_PREFIX_CACHE_MB = 512.0  # KV memory kept for prefix reuse across requests (server, session benchmarks)
