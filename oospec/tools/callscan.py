@@ -93,6 +93,7 @@ _CALL_EXPECT = {"key": CallPosition.CALL_KEY_NEXT, "colon": CallPosition.CALL_CO
                 "value": CallPosition.CALL_VALUE_NEXT, "comma": CallPosition.CALL_VALUE_DONE}
 _ARGS_EXPECT = {"key": CallPosition.ARG_KEY_NEXT, "colon": CallPosition.ARG_COLON,
                 "value": CallPosition.ARG_VALUE, "comma": CallPosition.ARG_VALUE_DONE}
+_CALL_STRINGS = {"name": CallPosition.NAME, "key": CallPosition.CALL_KEY}  # a string's role in the call object
 
 
 class CallScanner:
@@ -132,7 +133,7 @@ class CallScanner:
         if len(stack) == 1:
             if not self.in_string:
                 return _CALL_EXPECT[stack[0].expect]
-            return {"name": CallPosition.NAME, "key": CallPosition.CALL_KEY}.get(self.string_role, CallPosition.OTHER)
+            return _CALL_STRINGS.get(self.string_role, CallPosition.OTHER)
         if stack[1].role != "args":
             return CallPosition.OTHER
         if len(stack) > 2:
