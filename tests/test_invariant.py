@@ -142,6 +142,22 @@ def test_cxx_and_torch_exp_and_silu_are_one_formula(cxx):
         assert same_bits(cxx.silu(x.to(dtype)), TorchKernels().silu(x.to(dtype)))
 
 
+def test_vector_and_one_by_one_exp_give_the_same_bits(cxx):
+    """exp16 (16 lanes) and exp_fixed (one element) are one formula: the clamp, NaN, infinities, signed zeros,
+    subnormals and the rounding ties of the reduction included. SiLU takes both paths within one call (blocks
+    of 16, then the tail), so shifting the input by one element moves values between them."""
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 1e-45, -1e-45, 1e-38, -87.0,
+                            -87.00001, 88.0, 88.00001, 0.5 / 1.44269504088896341, 1.5 / 1.44269504088896341,
+                            -103.0, 1e30, -1e30])
+    x = torch.cat([special, torch.randn(4099) * 30, torch.linspace(-90, 90, 4001)])
+    assert same_bits(cxx.exp_fixed(x, vector=True), cxx.exp_fixed(x, vector=False))
+    for dtype in DTYPES:
+        xs = x.to(dtype)
+        whole = cxx.silu(xs)
+        for shift in (1, 7):
+            assert same_bits(cxx.silu(xs[shift:].contiguous()), whole[shift:])
+
+
 def test_rms_norm_matches_transformers_closely_and_is_row_wise(ops):
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 

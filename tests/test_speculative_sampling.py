@@ -65,6 +65,9 @@ class TableTarget:
     def reset(self, capacity: int) -> None:
         self.committed = []
 
+    def cost_model(self) -> CostModel:
+        return CostModel.flat()
+
     def prefill_logits(self, prompt_ids, start: int = 0, between_chunks=None) -> torch.Tensor:
         self.committed = [int(t) for t in prompt_ids]
         return self.logits_after(self.committed)

@@ -1,8 +1,13 @@
 """Token trees from drafters' candidates: the one trie builder, under a budget and a cost model, and pruning."""
 
 import numpy as np
+import pytest
 
-from oospec.engine.budget import ONE_THREAD_CPU_CURVE, CostModel, SampledAcceptance
+from oospec.engine.budget import CostModel, SampledAcceptance
+
+# A steep CPU curve (the 1.5B's in float32 on one thread before the packed kernels): fixed here, so that these
+# tests do not move when the measured defaults do.
+STEEP_CURVE = {1: 1.0, 2: 1.4, 4: 1.7, 8: 2.44, 16: 3.63}
 from oospec.engine.drafting import Candidate, build_tree
 
 
@@ -35,9 +40,56 @@ def test_sampled_acceptance_discount_shrinks_trees():
         meter.observe(peak)
     assert meter.discount == (1.0 + 1.5) / 4
     cands = [Candidate(np.arange(10, 26), 0.95, 0.97), Candidate(np.array([10, 50, 51]), 0.4, 0.9)]
-    cost = CostModel.from_curve(ONE_THREAD_CPU_CURVE)
+    cost = CostModel.from_curve(STEEP_CURVE)
     sure = build_tree(cands, 16, cost)
     unsure = build_tree(cands, 16, cost, discount=0.5)
     assert len(sure) >= 12 and 0 < len(unsure) <= len(sure) // 3
     assert np.array_equal(unsure.tokens, sure.tokens[: len(unsure)])  # the same nodes, cut sooner
     assert len(build_tree(cands, 16, None, discount=0.1)) == 16  # order-ranked trees take no discount
+
+
+def test_the_default_curve_follows_the_targets_dtype_and_threads():
+    import torch
+
+    from oospec.engine.budget import CPU_CURVES, default_cost_model
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float32, "float32"), (None, "float32")):
+            cost = default_cost_model(dtype)
+            assert np.allclose(cost.cost(16), CPU_CURVES[name, 2][16]), name
+        assert np.allclose(default_cost_model(torch.bfloat16, "cuda").cost(16), CPU_CURVES["float32", 2][16])
+        torch.set_num_threads(1)
+        assert np.allclose(default_cost_model(torch.bfloat16).cost(16), CPU_CURVES["bfloat16", 1][16])
+    finally:
+        torch.set_num_threads(before)
+    assert CPU_CURVES["bfloat16", 2][16] != CPU_CURVES["float32", 2][16]  # else the dtype would not matter
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_generate_gives_drafters_the_targets_curve_unless_the_request_has_one(dtype):
+    """A request without a curve gets its target's (dtype, threads); one with a curve keeps it, and the merged
+    drafters size their trees with it."""
+    import torch
+    from helpers import tiny_model
+
+    from oospec.drafters.toolspec import ToolSpecDrafter
+    from oospec.engine.decode import generate
+    from oospec.engine.drafting import Request
+    from oospec.engine.target import TargetBackend
+
+    target = TargetBackend(tiny_model("qwen2").to(getattr(torch, dtype)))
+    seen = []
+
+    class Recording(ToolSpecDrafter):
+        def start(self, request):
+            super().start(request)
+            seen.append(self.cost)
+
+    prompt = np.arange(1, 9, dtype=np.int64)
+    generate(target, Recording(), Request(prompt_ids=prompt), 4)
+    assert np.allclose(seen[-1].ratios, target.cost_model().ratios)
+    mine = CostModel.from_curve({1: 1.0, 64: 1.0})
+    generate(target, Recording(), Request(prompt_ids=prompt, cost=mine), 4)
+    assert seen[-1] is mine

@@ -30,16 +30,18 @@ def measure(model: torch.nn.Module, prompt_len: int = 580, ks=DEFAULT_KS, repeat
     t0 = time.perf_counter()
     pending = target.prefill(prompt)
     prefill_s = time.perf_counter() - t0
-    seconds = {}
+    trees = {k: TokenTree.chain(rng.integers(0, vocab, k - 1)) for k in ks}
     for k in ks:
-        tree = TokenTree.chain(rng.integers(0, vocab, k - 1))
-        target.verify(pending, tree)  # warm-up: allocator, kernel selection
-        times = []
-        for _ in range(repeats):
+        target.verify(pending, trees[k])  # warm-up: allocator, kernel selection
+    # Round-robin over k, so that drift (clock, the machine's other load) lands on every k alike rather than on
+    # whichever k was timed first.
+    times: dict[int, list[float]] = {k: [] for k in ks}
+    for _ in range(repeats):
+        for k in ks:
             t = time.perf_counter()
-            target.verify(pending, tree)  # never committed: the cache stays at the prompt
-            times.append(time.perf_counter() - t)
-        seconds[k] = statistics.median(times)
+            target.verify(pending, trees[k])  # never committed: the cache stays at the prompt
+            times[k].append(time.perf_counter() - t)
+    seconds = {k: statistics.median(times[k]) for k in ks}
     base = seconds[ks[0]]
     param = next(model.parameters())
     return {

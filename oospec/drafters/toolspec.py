@@ -27,8 +27,11 @@ class MergedDrafter(Drafter):
         self.cost = cost
 
     def start(self, request: Request) -> None:
-        # Without a given curve, the measured one for the thread count of this request.
-        self.cost = self._fixed_cost if self._fixed_cost is not None else default_cost_model()
+        # Without a curve of its own, the request's (the target's device, dtype and threads: decode.generate).
+        if self._fixed_cost is not None:
+            self.cost = self._fixed_cost
+        else:
+            self.cost = request.cost if request.cost is not None else default_cost_model()
         for part in self.parts:
             part.start(request)
 

@@ -15,13 +15,23 @@ from pathlib import Path
 import numpy as np
 
 
-# c(k)/c(1) of Qwen2.5-Coder-1.5B, float32, 2 cores of an AMD EPYC (AVX512_BF16), the invariant kernels
-# (oospec.engine.invariant), 580-token cached prompt: `oospec bench cost-curve --model qwen2.5-coder-1.5b`.
-# bfloat16's curve is flatter (c(16)/c(1) 2.3), so this one is the cautious choice for both dtypes. Serving
-# hardware should use its own curve: `oospec bench cost-curve --out curve.json`, then CostModel.from_json.
-DEFAULT_CPU_CURVE = {1: 1.0, 2: 1.45, 4: 1.8, 8: 2.44, 16: 3.57, 32: 5.83}
-# The same with one thread (the target's share when the sidecar has the other core).
-ONE_THREAD_CPU_CURVE = {1: 1.0, 2: 1.4, 4: 1.7, 8: 2.44, 16: 3.63}
+# c(k)/c(1) of Qwen2.5-Coder-1.5B by dtype and torch threads (1: the target's share while a sidecar has the
+# other core), measured on 2 cores of an AMD EPYC (Zen 4, AVX512_BF16) with the invariant kernels
+# (oospec.engine.invariant), 580-token cached prompt, the k timed round-robin, median of 7:
+# `oospec bench cost-curve --model qwen2.5-coder-1.5b --dtype D --threads T --ks 1,2,3,4,6,8,12,16,24,32 --repeats 7`
+# (experiments/results/kernel-cost-curve-attention/). Other hardware should measure its own: `--out curve.json`,
+# then CostModel.from_json (the vLLM proposer: OOSPEC_VLLM_COST_CURVE).
+# Where one k was timed twice the mean is taken, and a k timed faster than a smaller one (noise) gets the
+# smaller one's ratio. c(1) itself moves by up to 20% between runs on this machine (memory bandwidth), so the
+# ratios are good to about 0.1.
+CPU_CURVES = {
+    ("float32", 2): {1: 1.0, 2: 1.06, 4: 1.09, 8: 1.23, 12: 1.36, 16: 1.52, 24: 2.22, 32: 2.93},
+    ("float32", 1): {1: 1.0, 2: 1.0, 4: 1.09, 8: 1.23, 12: 1.52, 16: 1.87, 24: 2.75, 32: 3.51},
+    ("bfloat16", 2): {1: 1.0, 2: 1.05, 4: 1.09, 8: 1.23, 12: 1.40, 16: 1.66, 24: 2.29, 32: 2.90},
+    ("bfloat16", 1): {1: 1.0, 2: 1.04, 4: 1.16, 8: 1.43, 12: 1.74, 16: 2.14, 24: 3.14, 32: 4.09},
+}
+DEFAULT_CPU_CURVE = CPU_CURVES["float32", 2]
+ONE_THREAD_CPU_CURVE = CPU_CURVES["float32", 1]
 
 
 @dataclass(frozen=True)
@@ -54,11 +64,14 @@ class CostModel:
         return inside
 
 
-def default_cost_model() -> CostModel:
-    """The measured CPU curve for the torch thread count in use now."""
+def default_cost_model(dtype=None, device: str = "cpu") -> CostModel:
+    """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's) at the
+    torch thread count in use now. Other devices get the float32 CPU curve too, the cautious choice (it keeps
+    trees small): an accelerator's flatter curve should be measured and given (CostModel.from_json)."""
     import torch
 
-    return CostModel.from_curve(ONE_THREAD_CPU_CURVE if torch.get_num_threads() == 1 else DEFAULT_CPU_CURVE)
+    name = "bfloat16" if dtype == torch.bfloat16 and device == "cpu" else "float32"
+    return CostModel.from_curve(CPU_CURVES[name, 1 if torch.get_num_threads() == 1 else 2])
 
 
 class PriorMean:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -115,6 +115,8 @@ def generate(
     seq[:p] = prompt
     n = p
     target.reset(p + max_new_tokens + budget + 1)
+    if request.cost is None:
+        request = replace(request, cost=target.cost_model())
     drafter.start(request)
     # The target takes the threads of a sidecar on its CPU while that sidecar is idle (checked between
     # prefill chunks and before every verification); they are given back when it works again, and at the end.

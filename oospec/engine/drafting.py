@@ -49,6 +49,9 @@ class Request:
     reference_tokens: np.ndarray | None = None
     max_new_tokens: int = 256  # the most tokens of the reply (the engine lowers it to what the context holds)
     budget: int | None = None  # the most draft nodes verified per forward; None: the engine's
+    # c(k)/c(1) of the target's verification forwards, which sizes cost-aware trees; None: generate() fills in
+    # the measured curve of the target's device, dtype and thread count (oospec.engine.budget).
+    cost: CostModel | None = None
     # 0: greedy; > 0: sampled from the target's distribution after temperature, top_k (0: all) and top_p, seeded
     # by `seed` (speculatively with a drafter: the same distribution in fewer forwards).
     temperature: float = 0.0

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from oospec.engine.budget import CostModel, default_cost_model
 from oospec.engine.tree import TokenTree
 
 
@@ -118,6 +119,11 @@ class TargetBackend:
         invariant = getattr(model, "oospec_invariant", None)
         self.max_tree_nodes = invariant["step_rows"] - 1 if invariant else None
 
+    def cost_model(self) -> CostModel:
+        """c(k)/c(1) of this target's verification forwards: the measured curve of its device, dtype and the
+        thread count in use now."""
+        return default_cost_model(self.dtype, self.device.type)
+
     @property
     def length(self) -> int:
         """Committed tokens in the KV cache."""
@@ -167,7 +173,10 @@ class TargetBackend:
     def verify(self, pending: int, tree: TokenTree) -> np.ndarray:
         """One forward over the pending token and every tree node; returns the target's greedy choice after
         each of them, (len(tree)+1,) int64 (entry 0: after the pending token)."""
-        return self.verify_logits(pending, tree).argmax(-1).cpu().numpy()
+        logits = self.verify_logits(pending, tree)
+        if logits.dtype == torch.bfloat16 and logits.device.type == "cpu":
+            logits = logits.float()  # exact, so the same argmax; torch's float32 argmax is twice as fast here
+        return logits.argmax(-1).cpu().numpy()
 
     @torch.inference_mode()
     def verify_logits(self, pending: int, tree: TokenTree) -> torch.Tensor:

@@ -55,37 +55,55 @@ template <class T> inline float dot16(const T* a, const T* b, int64_t k) {
 
 // ---- exp as one polynomial of IEEE basic operations --------------------------------------------------------
 // Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7 Taylor polynomial (error < 2 ulp).
-// The same source line runs in the vector and the scalar code, so every element gets the same bits.
+// exp_fixed (one element) and exp16 (16 lanes) run the same operations in the same order, so an element gets
+// the same bits whichever computes it (tests/test_invariant.py checks them against each other).
+constexpr float kExpLo = -87.0f, kExpHi = 88.0f, kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723212e-6f;
+constexpr float kExpPoly[8] = {1.0f / 5040.0f, 1.0f / 720.0f, 1.0f / 120.0f, 1.0f / 24.0f, 1.0f / 6.0f, 0.5f,
+                               1.0f, 1.0f};
+
 inline float exp_fixed(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = std::nearbyint(x * 1.44269504088896341f);
-  float r = x - n * 0.693145751953125f;
-  r = r - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  x = x < kExpLo ? kExpLo : (x > kExpHi ? kExpHi : x);
+  const float n = std::nearbyint(x * kLog2e);
+  float r = x - n * kLn2Hi;
+  r = r - n * kLn2Lo;
+  float p = kExpPoly[0];
+  for (int i = 1; i < 8; ++i) p = p * r + kExpPoly[i];
   const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
 }
 
-torch::Tensor exp_fixed_tensor(torch::Tensor x) {
+inline V16 exp16(V16 x) {
+  x = max16(bcast16(kExpLo), min16(bcast16(kExpHi), x));  // exp_fixed's clamp, NaN kept as there
+  const V16 n = round16(mul16(x, bcast16(kLog2e)));
+  V16 r = sub16(x, mul16(n, bcast16(kLn2Hi)));
+  r = sub16(r, mul16(n, bcast16(kLn2Lo)));
+  V16 p = bcast16(kExpPoly[0]);
+  for (int i = 1; i < 8; ++i) p = add16(mul16(p, r), bcast16(kExpPoly[i]));
+  return mul16(p, pow2i16(n));
+}
+
+// y[i] = exp_fixed(x[i] - shift) for i < n (in place allowed): 16 at a time, the tail one by one.
+inline void exp_shifted(const float* x, float* y, int64_t n, float shift, bool vector = true) {
+  int64_t i = 0;
+  if (vector)
+    for (; i + 16 <= n; i += 16) store16(y + i, exp16(sub16(load16(x + i), bcast16(shift))));
+  for (; i < n; ++i) y[i] = exp_fixed(x[i] - shift);
+}
+
+torch::Tensor exp_fixed_tensor(torch::Tensor x, bool vector) {
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "exp_fixed: float32");
   x = x.contiguous();
   auto y = torch::empty_like(x);
-  const float* xp = x.data_ptr<float>();
-  float* yp = y.data_ptr<float>();
-  for (int64_t i = 0; i < x.numel(); ++i) yp[i] = exp_fixed(xp[i]);
+  exp_shifted(x.data_ptr<float>(), y.data_ptr<float>(), x.numel(), 0.0f, vector);
   return y;
 }
 
 // ---- SiLU and RMSNorm ---------------------------------------------------------------------------------------
+// Element by element: the compiler vectorizes this loop itself (exp_fixed's operations have exact vector
+// forms), conversions to bfloat16 included, which a hand-written exp16 with scalar stores was 4x slower than.
 template <class T>
 void silu_impl(const T* x, T* y, int64_t n) {
   at::parallel_for(0, n, 4096, [&](int64_t a, int64_t b) {
@@ -155,47 +173,82 @@ template <class T, class B, int U> inline void dot16xU(const T* a, const B* cons
   for (int u = 0; u < U; ++u) out[u] = hsum16(c[u]);
 }
 
-// dot(a, b[u]) for u < n, four at a time.
-template <class T, class B> inline void dots(const T* a, const B* const* b, int64_t n, int64_t k, float* out) {
-  int64_t u = 0;
-  for (; u + 4 <= n; u += 4) dot16xU<T, B, 4>(a, b + u, k, out + u);
-  switch (n - u) {
-    case 3: dot16xU<T, B, 3>(a, b + u, k, out + u); break;
-    case 2: dot16xU<T, B, 2>(a, b + u, k, out + u); break;
-    case 1: dot16xU<T, B, 1>(a, b + u, k, out + u); break;
-  }
+// dot(a, b[u]) for u < n, up to DOTS_PER_PASS at a time (each key row read once for a whole head group).
+#if defined(__AVX512F__)
+constexpr int DOTS_PER_PASS = 8;  // 8 accumulators + a: 9 of 32 zmm
+#else
+constexpr int DOTS_PER_PASS = 4;  // a V16 is two ymm: 8 accumulators + a, 10 of 16
+#endif
+
+template <class T, class B, int U = DOTS_PER_PASS>
+inline void dots_tail(const T* a, const B* const* b, int64_t n, int64_t k, float* out) {
+  if (n == U) return dot16xU<T, B, U>(a, b, k, out);
+  if constexpr (U > 1) dots_tail<T, B, U - 1>(a, b, n, k, out);
 }
 
-// o[d] = sum over the n keys, in order, of fma(p_t, v_t[d], o[d]), p_t = exp_fixed(s[t] - m); returns sum p_t.
+template <class T, class B> inline void dots(const T* a, const B* const* b, int64_t n, int64_t k, float* out) {
+  int64_t u = 0;
+  for (; u + DOTS_PER_PASS <= n; u += DOTS_PER_PASS) dot16xU<T, B, DOTS_PER_PASS>(a, b + u, k, out + u);
+  if (u < n) dots_tail<T, B>(a, b + u, n - u, k, out + u);
+}
+
+// For each of HP heads h: o_h[d] = sum over the n keys, in order, of fma(p_h[t], v_t[d], o_h[d]), and
+// sum_h = p_h[0] + p_h[1] + ... in order. The heads share each value row, read (and widened) once for all of
+// them; each head's sums keep their order, so the bits are those of one head at a time.
 // NV > 0: D = 16 NV, o held in registers; NV = 0: any D, o in memory. The same operations per element.
-template <class T, int NV>
-float weigh_values(const float* s, const int64_t* idx, int64_t n, float m, const T* vb, int64_t vs_j, int64_t D,
-                   float* o) {
-  float sum = 0.f;
+#if defined(__AVX512F__)
+constexpr int HEADS_PER_PASS = 2;  // 2 x 8 accumulators + 8 value vectors + a broadcast: 25 of 32 zmm
+#else
+constexpr int HEADS_PER_PASS = 1;  // a V16 is two ymm (or memory): one head's 8 already fill the registers
+#endif
+
+template <class T, int NV, int HP>
+void weigh_values(const float* const* ps, const int64_t* idx, int64_t n, const T* vb, int64_t vs_j, int64_t D,
+                  float* const* o, float* sums) {
+  float sum[HP];
+  for (int h = 0; h < HP; ++h) sum[h] = 0.f;
   if constexpr (NV > 0) {
-    V16 acc[NV];
-    for (int u = 0; u < NV; ++u) acc[u] = zero16();
+    V16 acc[HP][NV];
+    for (int h = 0; h < HP; ++h)
+      for (int u = 0; u < NV; ++u) acc[h][u] = zero16();
     for (int64_t t = 0; t < n; ++t) {
-      const float p = exp_fixed(s[t] - m);
-      sum += p;
       const T* vj = vb + idx[t] * vs_j;
-      const V16 pv = bcast16(p);
-      for (int u = 0; u < NV; ++u) acc[u] = fma16(pv, load16(vj + 16 * u), acc[u]);
+      V16 vv[NV];
+      for (int u = 0; u < NV; ++u) vv[u] = load16(vj + 16 * u);
+      for (int h = 0; h < HP; ++h) {
+        const float p = ps[h][t];
+        sum[h] += p;
+        const V16 pv = bcast16(p);
+        for (int u = 0; u < NV; ++u) acc[h][u] = fma16(pv, vv[u], acc[h][u]);
+      }
     }
-    for (int u = 0; u < NV; ++u) store16(o + 16 * u, acc[u]);
+    for (int h = 0; h < HP; ++h)
+      for (int u = 0; u < NV; ++u) store16(o[h] + 16 * u, acc[h][u]);
   } else {
-    for (int64_t d = 0; d < D; ++d) o[d] = 0.f;
+    for (int h = 0; h < HP; ++h)
+      for (int64_t d = 0; d < D; ++d) o[h][d] = 0.f;
     for (int64_t t = 0; t < n; ++t) {
-      const float p = exp_fixed(s[t] - m);
-      sum += p;
       const T* vj = vb + idx[t] * vs_j;
-      const V16 pv = bcast16(p);
-      int64_t d = 0;
-      for (; d + 16 <= D; d += 16) store16(&o[d], fma16(pv, load16(vj + d), load16(&o[d])));
-      for (; d < D; ++d) o[d] = std::fma(p, to_float(vj[d]), o[d]);
+      for (int h = 0; h < HP; ++h) {
+        const float p = ps[h][t];
+        sum[h] += p;
+        const V16 pv = bcast16(p);
+        float* oh = o[h];
+        int64_t d = 0;
+        for (; d + 16 <= D; d += 16) store16(&oh[d], fma16(pv, load16(vj + d), load16(&oh[d])));
+        for (; d < D; ++d) oh[d] = std::fma(p, to_float(vj[d]), oh[d]);
+      }
     }
   }
-  return sum;
+  for (int h = 0; h < HP; ++h) sums[h] = sum[h];
+}
+
+template <class T, int HP>
+void weigh_heads(const float* const* ps, const int64_t* idx, int64_t n, const T* vb, int64_t vs_j, int64_t D,
+                 float* const* o, float* sums) {
+  if (D == 128) weigh_values<T, 8, HP>(ps, idx, n, vb, vs_j, D, o, sums);
+  else if (D == 64) weigh_values<T, 4, HP>(ps, idx, n, vb, vs_j, D, o, sums);
+  else weigh_values<T, 0, HP>(ps, idx, n, vb, vs_j, D, o, sums);
 }
 
 template <class T>
@@ -213,7 +266,9 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
   // A task is one query row and one kv head with the `group` query heads that share it, so a key row is read
   // (and widened) once for all of them. Every head's every sum keeps its order (dot16's, then slot order).
   at::parallel_for(0, Hk * Q, 1, [&](int64_t a, int64_t b) {
-    std::vector<float> s(group * L), o(D), row(std::max<int64_t>(group, 4));
+    std::vector<float> s(group * L), o(group * D), sums(group), row(group);
+    std::vector<const float*> pptrs(group);
+    std::vector<float*> optrs(group);
     std::vector<int64_t> idx(L);
     std::vector<const T*> ptrs(L);
     std::vector<float> qf(group * D);
@@ -241,20 +296,25 @@ void attention_impl(const torch::Tensor& q, const torch::Tensor& k, const torch:
         dots(qp + g * qs_h + i * qs_i, ptrs.data(), n, D, s.data());
       }
       const T* vb = vp + g * vs_h;
-      for (int64_t u = 0; u < group; ++u) {
-        const int64_t h = g * group + u;
+      for (int64_t u = 0; u < group; ++u) {  // scores -> exp_fixed(s_t - max), head by head
         float* sh = s.data() + u * L;
         float m = -INFINITY;
         for (int64_t t = 0; t < n; ++t) {
           sh[t] = sh[t] * sc;
           m = sh[t] > m ? sh[t] : m;
         }
-        const float sum = D == 128 ? weigh_values<T, 8>(sh, idx.data(), n, m, vb, vs_j, D, o.data())
-                        : D == 64  ? weigh_values<T, 4>(sh, idx.data(), n, m, vb, vs_j, D, o.data())
-                                   : weigh_values<T, 0>(sh, idx.data(), n, m, vb, vs_j, D, o.data());
-        T* oi = op + (i * H + h) * D;
-        const float inv = sum > 0.f ? sum : 1.f;
-        for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(o[d] / inv);
+        exp_shifted(sh, sh, n, m);
+        pptrs[u] = sh;
+        optrs[u] = o.data() + u * D;
+      }
+      int64_t u = 0;
+      for (; u + HEADS_PER_PASS <= group; u += HEADS_PER_PASS)
+        weigh_heads<T, HEADS_PER_PASS>(pptrs.data() + u, idx.data(), n, vb, vs_j, D, optrs.data() + u, sums.data() + u);
+      for (; u < group; ++u) weigh_heads<T, 1>(pptrs.data() + u, idx.data(), n, vb, vs_j, D, optrs.data() + u, sums.data() + u);
+      for (int64_t h = 0; h < group; ++h) {
+        T* oi = op + (i * H + g * group + h) * D;
+        const float inv = sums[h] > 0.f ? sums[h] : 1.f;
+        for (int64_t d = 0; d < D; ++d) oi[d] = from_float<T>(o[h * D + d] / inv);
       }
     }
   });
@@ -302,6 +362,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &attention, "row-invariant attention over a KV cache");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
   m.def("silu", &silu, "element-wise SiLU with exp_fixed");
-  m.def("exp_fixed", &exp_fixed_tensor, "exp_fixed on a float32 tensor");
+  m.def("exp_fixed", &exp_fixed_tensor, "exp_fixed on a float32 tensor (vector: 16 lanes at a time, else one by one)",
+        py::arg("x"), py::arg("vector") = true);
   m.def("isa", &isa, "the instruction set the kernels were compiled for");
 }
