@@ -84,3 +84,38 @@ def test_retrieval_memory_persists(tmp_path, tokenizer):
     second = RetrievalDrafter(CallMemory(store))  # a new process: only the store remains
     n, steps = simulate(second, tokenizer, text, runs=1)
     assert steps[0] < 0.3 * n
+
+
+def test_drafts_spell_an_added_token_as_the_target_wrote_it(tokenizer):
+    """A target may write an added token's text as plain characters (Qwen2.5 writes `<tool_call>` so inside a ```
+    fence): after a reply written so, continuations spell it so; after one written with the token, as the token."""
+    from oospec.tools.tokens import ContinuationEncoder, encode_plain
+
+    piece = "<repo_name>"  # an added token of SmolLM2's with a text of its own, as `<tool_call>` is in Qwen2.5's
+    token_id = tokenizer.get_added_vocab()[piece]
+    enc = ContinuationEncoder(tokenizer)
+    text = f'```{piece}\n{{"name": "'
+    as_token, as_text = enc.encode(text), encode_plain(tokenizer, text)
+    assert token_id in as_token and token_id not in as_text and tokenizer.decode(as_text) == text
+    enc.learn_spelling(as_text + [2])
+    assert enc.encode(text) == as_text and enc.plain == {piece}
+    written = np.asarray(tokenizer.encode("```", add_special_tokens=False))
+    assert token_id not in enc.continue_after(written, f'{piece}\n{{"').tolist()
+    enc.learn_spelling(as_token)
+    assert enc.encode(text) == as_token and not enc.plain
+
+
+def test_retrieval_recalls_the_ids_the_target_wrote(tokenizer):
+    """A remembered call is drafted as the tokens the target produced, not as its text re-encoded (which could
+    spell an added token differently)."""
+    from oospec.tools.tokens import encode_plain
+
+    drafter = RetrievalDrafter(CallMemory())
+    reply = encode_plain(tokenizer, '<repo_name>{"name": "ModifyRegistration"}')
+    request = Request(np.array([1, 5, 7]), frozenset([2]), tokenizer=tokenizer,
+                      messages=[{"role": "user", "content": "modify appointment 34567890"}])
+    drafter.start(request)
+    drafter.observe(np.array(reply + [2]))
+    drafter.finish()
+    drafter.start(request)
+    assert [ids.tolist() for _, ids in drafter.corpus] == [reply]

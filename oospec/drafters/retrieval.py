@@ -56,8 +56,10 @@ class CallMemory:
                 except (json.JSONDecodeError, KeyError, TypeError):
                     continue  # a damaged line costs that entry, never the store
 
-    def add(self, request: str, output: str) -> None:
-        self.items.append(Memory(words(request), output, {}))
+    def add(self, request: str, output: str, tokens: dict[int, np.ndarray] | None = None) -> None:
+        """tokens: the output's ids as the target wrote them, by tokenizer id (re-encoding the text could spell an
+        added token such as `<tool_call>` otherwise than the target did)."""
+        self.items.append(Memory(words(request), output, dict(tokens or {})))
         del self.items[: -self.capacity]
         if self.path:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -105,7 +107,8 @@ class RetrievalDrafter(Drafter):
         if self.tokenizer is None or not self.produced:
             return
         out = [t for t in self.produced if t not in self.request.eos_ids]
-        self.memory.add(request_text(self.request), self.tokenizer.decode(out, skip_special_tokens=False))
+        self.memory.add(request_text(self.request), self.tokenizer.decode(out, skip_special_tokens=False),
+                        {id(self.tokenizer): np.asarray(out, dtype=np.int64)})
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
         written = np.asarray(self.produced[-self.max_ngram :], dtype=np.int64)

@@ -54,12 +54,16 @@ class SchemaDrafter(Drafter):
         self.values = ValueSource("\n".join(m["content"] for m in request.messages or ()
                                              if m.get("role") != "system" and isinstance(m.get("content"), str)))
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.reply: list[int] = []  # this request's ids: how the target spells added tokens (learn_spelling)
 
     def observe(self, produced: np.ndarray) -> None:
         if not self.active:
             return
-        for tok in produced.tolist():
+        ids = produced.tolist()
+        self.reply.extend(ids)
+        for tok in ids:
             if tok in self.eos_ids:
+                self.encoder.learn_spelling(self.reply)
                 self._learn_from_finished(tok)
                 continue
             self.scanner.feed(self.utf8.decode(self.encoder.token_bytes(tok)))

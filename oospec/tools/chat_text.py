@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from oospec.errors import InvalidMessagesError
+from oospec.tools.tokens import encode_plain
 
 
 def control_tokens(tokenizer) -> tuple[str, ...]:
@@ -150,13 +151,4 @@ class ClientText:
         return ids
 
     def _plain(self, text: str) -> list[int]:
-        """`text` through the tokenizer's pipeline without its added tokens (no shared flag is set: the server
-        tokenizes on more than one thread)."""
-        backend = getattr(self.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            return self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
-        if backend.normalizer is not None:
-            text = backend.normalizer.normalize_str(text)
-        splits = [s for s, _ in backend.pre_tokenizer.pre_tokenize_str(text)] if backend.pre_tokenizer else [text]
-        return [t.id for s in splits for t in backend.model.tokenize(s)]
-
+        return encode_plain(self.tokenizer, text)

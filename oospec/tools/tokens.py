@@ -77,6 +77,18 @@ class TokenBytes:
         return found
 
 
+def encode_plain(tokenizer, text: str) -> list[int]:
+    """`text` through the tokenizer's pipeline without its added tokens: `<tool_call>` as the characters it is
+    made of, not the control token (no shared flag is set: a server tokenizes on more than one thread)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+    if backend.normalizer is not None:
+        text = backend.normalizer.normalize_str(text)
+    splits = [s for s, _ in backend.pre_tokenizer.pre_tokenize_str(text)] if backend.pre_tokenizer else [text]
+    return [t.id for s in splits for t in backend.model.tokenize(s)]
+
+
 class ContinuationEncoder:
     """Turns text that should follow the written tokens into the token ids the target would likely use."""
 
@@ -85,9 +97,42 @@ class ContinuationEncoder:
         self.token_bytes = token_bytes or TokenBytes(tokenizer)
         self.tail = tail
         self._memo: dict[tuple, np.ndarray] = {}
+        # Added tokens with a text of their own (`<tool_call>`): a target may write one as that token or as the
+        # plain characters (Qwen2.5 writes `<tool_call>` as characters inside a ``` fence). Those seen written as
+        # characters (`plain`) are drafted as characters, the others as their token.
+        added = getattr(tokenizer, "get_added_vocab", dict)()
+        self.added: dict[str, int] = {text: int(i) for text, i in added.items() if len(text) > 1}
+        self.plain: frozenset[str] = frozenset()
+        self._split: re.Pattern | None = None
+
+    def learn_spelling(self, ids) -> None:
+        """From a finished reply's ids: which added tokens' texts the target wrote as characters, which as the
+        token (a text written both ways counts as the token)."""
+        if not self.added:
+            return
+        written = {int(i) for i in ids}
+        text = self.token_bytes.join(ids).decode("utf-8", errors="ignore")
+        plain = set(self.plain)
+        for piece, token_id in self.added.items():
+            if piece in text:
+                (plain.discard if token_id in written else plain.add)(piece)
+        if plain != self.plain:
+            self.plain = frozenset(plain)
+            atomic = sorted((t for t in self.added if t not in self.plain), key=len, reverse=True)
+            self._split = re.compile("(" + "|".join(map(re.escape, atomic)) + ")") if atomic else None
+            self._memo.clear()
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        if not any(piece in text for piece in self.plain):
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        out: list[int] = []
+        for part in (self._split.split(text) if self._split is not None else [text]):
+            token_id = self.added.get(part)
+            if token_id is not None and part not in self.plain:
+                out.append(token_id)
+            elif part:
+                out.extend(encode_plain(self.tokenizer, part))
+        return out
 
     def continue_after(self, written: np.ndarray, text: str) -> np.ndarray:
         """Token ids for `text` following the `written` ids.
