@@ -26,7 +26,7 @@ from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distr
 from oospec.engine.drafting import Candidate, Drafter, Request, build_tree
 from oospec.engine.sampling import sample
 from oospec.drafters.toolspec import MergedDrafter
-from oospec.engine.budget import ONE_THREAD_CPU_CURVE, CostModel
+from oospec.engine.budget import CPU_CURVES, CostModel
 from oospec.engine.speculative_sampling import speculative_accept
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import ROOT, TokenTree
@@ -418,7 +418,7 @@ def test_same_seed_same_output_whatever_the_drafts_and_stats_say_which_path_ran(
         assert plain.stats.sampling == "sample(temperature=0.8, top_p=0.95, top_k=3)" and plain.stats.tau == 1.0
         # The merged one is cost-aware: its trees shrink as the request's sampled acceptance is learnt.
         merged = MergedDrafter([LikelyChainDrafter(target, params), RandomTreeDrafter(VOCAB, seed, 8)],
-                               CostModel.from_curve(ONE_THREAD_CPU_CURVE))
+                               CostModel.from_curve(CPU_CURVES["float32", 1]))
         for drafter in (RandomTreeDrafter(VOCAB, seed, 8), LikelyChainDrafter(target, params), Drafter(), merged):
             spec = generate(target, drafter, request, 40, 8, sampling=params)
             assert np.array_equal(spec.tokens, plain.tokens), (seed, drafter.name)

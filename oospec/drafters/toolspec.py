@@ -28,10 +28,8 @@ class MergedDrafter(Drafter):
 
     def start(self, request: Request) -> None:
         # Without a curve of its own, the request's (the target's device, dtype and threads: decode.generate).
-        if self._fixed_cost is not None:
-            self.cost = self._fixed_cost
-        else:
-            self.cost = request.cost if request.cost is not None else default_cost_model()
+        cost = self._fixed_cost if self._fixed_cost is not None else request.cost
+        self.cost = cost if cost is not None else default_cost_model()
         for part in self.parts:
             part.start(request)
 

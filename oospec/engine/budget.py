@@ -30,8 +30,6 @@ CPU_CURVES = {
     ("bfloat16", 2): {1: 1.0, 2: 1.05, 4: 1.09, 8: 1.23, 12: 1.40, 16: 1.66, 24: 2.29, 32: 2.90},
     ("bfloat16", 1): {1: 1.0, 2: 1.04, 4: 1.16, 8: 1.43, 12: 1.74, 16: 2.14, 24: 3.14, 32: 4.09},
 }
-DEFAULT_CPU_CURVE = CPU_CURVES["float32", 2]
-ONE_THREAD_CPU_CURVE = CPU_CURVES["float32", 1]
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import secrets
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -135,7 +136,8 @@ class ClientText:
     def _encode_piece(self, piece: str, as_text: bool, first: bool) -> list[int]:
         """A piece of the text. One that is not at its start is encoded after a newline that is then removed, so
         that a SentencePiece tokenizer does not add the space it adds at the start of a string."""
-        encode = self._plain if as_text else (lambda s: self.tokenizer.encode(s, add_special_tokens=False))
+        tok = self.tokenizer
+        encode = partial(encode_plain, tok) if as_text else partial(tok.encode, add_special_tokens=False)
         ids = None
         if not first:
             if self._newline is None:
@@ -149,6 +151,3 @@ class ClientText:
             raise InvalidMessagesError(f"{piece!r} in the messages cannot be kept as text: this tokenizer writes it as "
                                        "its control token even from plain text")
         return ids
-
-    def _plain(self, text: str) -> list[int]:
-        return encode_plain(self.tokenizer, text)

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fake_runner import FakeRunner, SilentSidecar, tool_script, vllm_config
-from oospec.engine.budget import DEFAULT_CPU_CURVE, CostModel
+from oospec.engine.budget import CPU_CURVES, CostModel
 from oospec.engine.drafting import Candidate
 from oospec.integrations.vllm.chain import best_chain
 from oospec.integrations.vllm.context import (context_from_extra_args, context_from_prompt, context_json,
@@ -238,7 +238,7 @@ def test_a_failing_early_start_gives_empty_drafts_and_the_same_output(runner, to
 
 
 def test_best_chain_takes_the_heavier_path_and_cuts_where_it_stops_paying():
-    cost = CostModel.from_curve(DEFAULT_CPU_CURVE)
+    cost = CostModel.from_curve(CPU_CURVES["float32", 2])
     weak = Candidate(np.array([1, 2, 3]), 0.3, 0.8)
     strong = Candidate(np.array([1, 5, 6, 7]), 0.9, 0.97)
     assert best_chain([weak, strong], 8, cost) == [1, 5, 6, 7]
