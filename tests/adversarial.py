@@ -79,3 +79,24 @@ class RepeatDrafter(Drafter):
 
 class EmptyDrafter(Drafter):
     name = "empty"
+
+
+class ProbingDrafter(RandomTreeDrafter):
+    """Random trees, plus random probe chains beyond the budget (Drafter.probes): long ones, repeated ones,
+    ones equal to the tree's own branches; keeps every (context, probe, choices) it was shown."""
+
+    name = "probing"
+
+    def __init__(self, vocab: int, seed: int, max_nodes: int = 16, probe_nodes: int = 24):
+        super().__init__(vocab, seed, max_nodes)
+        self.probe_nodes = probe_nodes
+        self.seen: list[tuple[np.ndarray, list[np.ndarray], TokenTree, np.ndarray]] = []
+
+    def probes(self, context):
+        self._context = context.copy()
+        chains = [self.rng.integers(0, self.vocab, int(self.rng.integers(1, 40))) for _ in range(3)]
+        self._probes = chains + [chains[0]]
+        return self._probes
+
+    def verified(self, tree, choices):
+        self.seen.append((self._context, self._probes, tree, np.asarray(choices).copy()))

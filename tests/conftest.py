@@ -24,6 +24,15 @@ def home(tmp_path, monkeypatch):
     return h
 
 
+@pytest.fixture(autouse=True)
+def fresh_sidecar_speed(tmp_path, monkeypatch):
+    """Every test's sidecar schedule starts unmeasured: job times kept by one test (or an earlier run on this
+    machine) must not decide whether another's first job explores."""
+    from oospec.drafters import sidecar_schedule
+
+    monkeypatch.setattr(sidecar_schedule, "SPEED_RECORD", str(tmp_path / "sidecar-speed.json"))
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """Leave the machine's other core alone while a module's tests run."""

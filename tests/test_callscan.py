@@ -6,6 +6,8 @@ from helpers import APIBANK_TOOLS
 
 from oospec.tools.callscan import CallPosition, CallScanner, Habits, structure_continuations
 from oospec.tools.render import CallRenderer
+from oospec.tools.schema import Param, Tool
+from oospec.tools.valuesource import ValueSource
 
 
 def test_callscan_tracks_states():
@@ -58,7 +60,8 @@ def test_a_pretty_printing_target_is_followed_from_its_first_indented_line():
     scan.feed('\n  "name": "ModifyRegistration",')
     assert habits.style.indent == 2
     conts = structure_continuations(scan, APIBANK_TOOLS, habits, "parameters", ())
-    assert conts[0].text == '\n  "parameters": {'
+    # The arguments' key runs on into the first argument: depth 2, never seen indented, is the rule's.
+    assert conts[0].text == '\n  "parameters": {\n    "appointment_id": "'
     scan.feed('\n  "parameters": {')
     conts = structure_continuations(scan, APIBANK_TOOLS, habits, "parameters", ())
     assert conts[0].text == '\n    "appointment_id": "'  # depth 2, never seen indented: the rule
@@ -95,3 +98,46 @@ def test_the_call_position_names_every_place_in_a_call():
     other = CallScanner(Habits().style)
     other.feed('{"name": "f", "id": "x')  # a call key the schema says nothing of
     assert other.position is P.OTHER
+
+
+def test_request_numbers_and_spans_say_where_a_value_ends():
+    values = ValueSource("plan 7 days in Tokyo, a daily budget of 100 dollars; charges 1e-9 and 0.05 m (v1.2)")
+    assert values.number_endings("1") == ["e-9", "00"]  # latest mention first; "v1.2" is no number
+    assert values.number_endings("7") == [""]  # one of the request's numbers, whole
+    assert values.number_endings("0.0") == ["5"] and values.number_endings("3") == []
+    assert values.is_span("Tokyo") and values.is_span("daily budget") and not values.is_span("Tok")
+
+
+def test_a_whole_request_number_or_span_is_drafted_with_what_follows_it():
+    tools = [Tool("plan", parameters=(Param("city"), Param("days", type="integer"),
+                                      Param("kind", enum=("nature", "urban"))))]
+    values = ValueSource("plan 7 days in Tokyo")
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "plan", "arguments": {"city": "Tokyo')
+    conts = structure_continuations(scan, tools, Habits(), "arguments", (), values)
+    best = max(conts, key=lambda c: c.confidence)
+    assert best.text == '", "days": ' and best.confidence > 0.4  # a whole span of the request: likely done
+    scan.feed('", "days": 7')
+    conts = {c.text: c.confidence for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)}
+    assert conts[', "kind": "'] > 0.4 and conts["}}"] > 0.4  # 7 is a request number, whole
+    scan.feed(', "kind": "nat')
+    conts = structure_continuations(scan, tools, Habits(), "arguments", (), values)
+    assert conts[0].text.startswith('ure"}}')  # the enum value, then the close
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "plan", "arguments": {"city": "Tok')
+    ends = [c for c in structure_continuations(scan, tools, Habits(), "arguments", (), values) if c.text[0] == '"']
+    assert ends and max(c.confidence for c in ends) < 0.3  # mid-word: ending here is a side branch
+
+
+def test_dates_and_times_the_request_names_are_drafted_as_iso_values_once_the_year_is_written():
+    values = ValueSource("Add a meeting on December 15th at 2 PM. Also the 3rd of March 2022, at 9:30am")
+    assert values.dates == [("2022", 3, 3), (None, 12, 15)] and values.times == ["09:30", "14:00"]
+    assert "12-15 14:00:00" in values.date_endings("2023-")  # the year the target chose, the request's date
+    assert values.date_endings("2023-12-15 1") == ["4:00:00", "4:00"]
+    assert values.date_endings("20") == ["22-03-03 09:30:00", "22-03-03 14:00:00", "22-03-03", "22-03-03 09:30"]
+    assert ValueSource("no dates here, 12 items").date_endings("2") == []
+    tools = [Tool("add", parameters=(Param("time"),))]
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "add", "arguments": {"time": "2023-12-')
+    texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
+    assert '15 14:00:00"}}' in texts

@@ -119,3 +119,55 @@ def test_retrieval_recalls_the_ids_the_target_wrote(tokenizer):
     drafter.finish()
     drafter.start(request)
     assert [ids.tolist() for _, ids in drafter.corpus] == [reply]
+
+
+def test_slot_guesses_grow_from_the_targets_own_choices_and_become_the_draft(tokenizer):
+    """Fused sidecar (oospec.drafters.slots): where extra rows are free, every argument not written yet gets a
+    probe; the target's choices there build the value, which is drafted once the target reaches its key."""
+    from oospec.drafters.sidecar import OoOSpecDrafter
+    from oospec.engine.budget import CostModel
+    from oospec.engine.tree import TokenTree
+
+    drafter = OoOSpecDrafter(cost=CostModel.flat())
+    prompt = np.array([1, 5, 7], dtype=np.int64)
+    drafter.start(Request(prompt, frozenset([2]), tokenizer=tokenizer, tools=APIBANK_TOOLS, dialect="apibank",
+                          messages=[{"role": "user", "content": "move appointment 34567890"}], cost=CostModel.flat()))
+    assert drafter.probe_nodes > 0
+    head = tokenizer.encode('{"name": "ModifyRegistration", "parameters": {"appointment_id": "345',
+                            add_special_tokens=False)
+    drafter.observe(np.array(head))
+    context = np.concatenate([prompt, head])
+    value = tokenizer.encode('2023-03-26"', add_special_tokens=False)
+    for step in range(len(value)):  # the last choice is the closing quote: the guess is done
+        probes = drafter.probes(context)
+        texts = [tokenizer.decode(p) for p in probes]
+        date = next(i for i, t in enumerate(texts) if '"new_appointment_date": "' in t)
+        assert texts[date].startswith('", "new_appointment_date": "')
+        tree = TokenTree.empty().extended(probes, 256, 256)
+        choices = np.full(len(tree) + 1, 0, dtype=np.int64)  # token 0 everywhere else: not a value's end
+        nodes = tree.find(probes[date].tolist())
+        jump = len(nodes) - step  # the probe holds the guess so far (step tokens) after the jump
+        for i in range(step + 1):  # the target's token after the jump and after each guessed token
+            choices[nodes[jump - 1 + i] + 1] = value[i]
+        drafter.verified(tree, choices)
+        if step < len(value) - 1:
+            assert drafter.probes(context)[date].size == len(nodes) + 1  # grew by the target's one token
+    assert not any('"new_appointment_date"' in tokenizer.decode(p) for p in drafter.probes(context))  # done
+    rest = tokenizer.encode('67890", "new_appointment_date": "', add_special_tokens=False)
+    drafter.observe(np.array(rest))
+    context = np.concatenate([context, rest])
+    drafts = [tokenizer.decode(c.tokens) for c in drafter.candidates(context)]
+    assert any(d.startswith('2023-03-26"') for d in drafts), drafts
+
+
+def test_no_probes_where_rows_cost_a_forward_a_few_percent_each(tokenizer):
+    from oospec.drafters.sidecar import OoOSpecDrafter
+    from oospec.engine.budget import CPU_CURVES, CostModel, cheap_rows
+
+    for curve in CPU_CURVES.values():
+        drafter = OoOSpecDrafter()
+        drafter.start(Request(np.array([1]), frozenset([2]), tokenizer=tokenizer, tools=APIBANK_TOOLS,
+                              dialect="apibank", cost=CostModel.from_curve(curve)))
+        assert drafter.probe_nodes == 0
+    assert cheap_rows(CostModel.flat(), 17, 0.03) == 64
+    assert cheap_rows(CostModel.from_curve({1: 1.0, 32: 1.0, 64: 2.0}), 17, 0.03) == 15  # the flat part: 32 rows

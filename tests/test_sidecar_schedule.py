@@ -159,3 +159,27 @@ def test_a_request_the_schedule_sends_no_job_still_checks_the_worker():
         inner.plan.step(0.01)  # a tiny target: the job is not worth sending
     _serve(drafter, 650, 0)
     assert not inner.report.submitted and Checked.checks == 1
+
+
+def test_job_times_outlive_the_process_so_a_fresh_one_does_not_explore_again(tmp_path, monkeypatch):
+    """A one-shot command is a fresh process: the sidecar's speed measured by an earlier one on this machine
+    (same key) is read back, so its first request is decided by the cost model, not spent exploring."""
+    from oospec.drafters import sidecar_schedule
+
+    record = tmp_path / "speed.json"
+    monkeypatch.setattr(sidecar_schedule, "SPEED_RECORD", str(record))
+    prompt = np.arange(600)
+    first = SidecarSchedule(speed_key="cpu A | sidecar x")
+    assert first.decide(prompt, 1, 1).why == "exploring"
+    first.job_done(600, 8.0)  # a slow sidecar: it cannot pay on a shared core
+    again = SidecarSchedule(speed_key="cpu A | sidecar x")
+    assert again.job.obs == [(600.0, 8.0)]
+    assert again.decide(prompt, 1, 1).why == "costs more than it saves"
+    other = SidecarSchedule(speed_key="cpu B | sidecar x")  # another machine or sidecar: measured afresh
+    assert other.decide(prompt, 1, 1).why == "exploring"
+    assert SidecarSchedule().decide(prompt, 1, 1).why == "exploring"  # no key: nothing kept
+    # A damaged record loses only its bad entries.
+    record.write_text('{"cpu A | sidecar x": [[600, 8.0], [1, "x"], [-1, 2], null, [5, 1e400]]}')
+    assert SidecarSchedule(speed_key="cpu A | sidecar x").job.obs == [(600.0, 8.0)]
+    record.write_text("not json")
+    assert SidecarSchedule(speed_key="cpu A | sidecar x").job.obs == []

@@ -194,11 +194,12 @@ class SidecarMethod(EngineMethod):
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
         self.threads = shared.cores.target
+        from oospec.drafters.sidecar import speed_key
         from oospec.drafters.sidecar_schedule import SidecarSchedule
 
         # One schedule for the whole run, warm-up included, as a server keeps one for its life: what it measured
-        # on the first request (the warm-up) decides the later ones.
-        self.plan = SidecarSchedule()
+        # on the first request (the warm-up), or earlier runs on this machine, decides the later ones.
+        self.plan = SidecarSchedule(speed_key=speed_key(shared.sidecar))
 
     @property
     def cores(self) -> str:

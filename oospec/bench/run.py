@@ -30,7 +30,7 @@ from oospec.bench.records import RecordLog, compared, output_folder, write_json
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
                                  summarize_sidecar, summarize_turns)
 from oospec.engine.threads import torch_threads
-from oospec.models.cpu_features import drafter_dtype
+from oospec.models.cpu_features import cpu_model, drafter_dtype
 
 log = logging.getLogger("oospec.bench")
 
@@ -267,16 +267,6 @@ def decoding_note(cfg: BenchConfig) -> dict:
                          "item_seed): speculative sampling draws position j's token from the same uniform as "
                          "plain sampling, so a lossless method returns exactly ar's tokens; the distribution "
                          "itself is checked by the statistical tests in tests/test_speculative_sampling.py"}
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def machine_info() -> dict:

@@ -34,6 +34,7 @@ from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.priors import ACCEPTANCE
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
+from oospec.drafters.slots import SlotDrafter
 from oospec.drafters.sidecar_schedule import SidecarSchedule
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
@@ -113,7 +114,8 @@ class SidecarDrafter(Drafter):
         # "cost": a request's job runs only where the cost model expects it to pay (sidecar_schedule);
         # "always": every request's (what a benchmark compares against).
         self.schedule = schedule
-        self.plan = plan if plan is not None else SidecarSchedule()  # what this machine measured, kept across requests
+        # What this machine measured, kept across requests (and the sidecar's speed across processes).
+        self.plan = plan if plan is not None else SidecarSchedule(speed_key=speed_key(sidecar))
         # > 0: at its first draft the target waits up to this long for the payload. Benchmarks use it to
         # measure what hints that are always in time give (a sidecar on its own accelerator); serving never should.
         self.wait_s = wait_s
@@ -429,6 +431,12 @@ def dialect_joint(dialect: Dialect) -> str | None:
     return two[start + len(one):end] if 0 <= start < end else None
 
 
+def speed_key(sidecar) -> str | None:
+    """The key its job times are kept under across processes (None: a sidecar that has none, as tests' fakes)."""
+    key = getattr(sidecar, "speed_key", None)
+    return key() if callable(key) else None
+
+
 class OoOSpecDrafter(MergedDrafter):
     """`oospec`: toolspec's drafters plus the out-of-order sidecar's hints, in one token tree."""
 
@@ -437,13 +445,16 @@ class OoOSpecDrafter(MergedDrafter):
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
                  wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost",
-                 plan: SidecarSchedule | None = None):
+                 plan: SidecarSchedule | None = None, max_probe_nodes: int = 16):
         # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
         # before the give-back; benchmarks compare the two in one run).
         self.lend_threads = lend_threads
         schema = SchemaDrafter()
         self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s, schedule=schedule, plan=plan)
-        super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
+        parts = [schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()]
+        if max_probe_nodes:  # the target's own guesses of every argument where its rows are cheap (slots)
+            parts.insert(2, SlotDrafter(schema, max_probe_nodes))
+        super().__init__(parts, cost)
 
     @property
     def report(self) -> SidecarReport:

@@ -12,7 +12,9 @@ prompt tokens the sidecar has not cached, which an agent's next turn keeps small
 s from the decode steps, the two taus from requests with and without hints in time. Until measured, each takes
 its value from PRIORS (measured once on a 2-core AMD EPYC, Qwen2.5-Coder-1.5B target, 0.5B sidecar). The first
 `explore` jobs always run, so that the sidecar's own speed on this machine is measured; the schedule lives as long
-as whoever serves the requests (a drafter, a server, a benchmark's method), not one request.
+as whoever serves the requests (a drafter, a server, a benchmark's method), not one request. Given a `speed_key`
+(the sidecar, its precision, threads and this processor: SidecarClient.speed_key), the job times are also kept in
+oospec's cache, so a fresh process (a one-shot `oospec generate`) starts from them instead of exploring again.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 
 from oospec.engine.budget import PriorMean
 from oospec.engine.prefix_cache import common_prefix_length
+from oospec.models.provision import read_record, write_record
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,7 @@ class Priors:
 
 
 PRIORS = Priors()
+SPEED_RECORD = "sidecar-speed.json"  # {speed_key: [[prompt tokens read, seconds], ...]} in oospec's cache
 TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (API-Bank prompts: 500-1000)
 
 
@@ -91,10 +95,15 @@ class Decision:
 class SidecarSchedule:
     """Decides per request whether the sidecar's job runs (`decide`), and learns from what each request shows."""
 
-    def __init__(self, priors: Priors = PRIORS, explore: int = 1):
+    def __init__(self, priors: Priors = PRIORS, explore: int = 1, speed_key: str | None = None):
         self.priors = priors
         self.explore = explore
         self.job = JobCost(priors)
+        self.speed_key = speed_key
+        if speed_key is not None:  # what earlier processes measured of this sidecar on this machine
+            for obs in read_record(SPEED_RECORD).get(speed_key, ()):
+                if _valid_job(obs):
+                    self.job.add(*obs)
         self.call_tokens = PriorMean(priors.call_tokens, priors.weight)
         self.step_s = PriorMean(priors.step_s, priors.weight)
         self.tau_without = PriorMean(priors.tau_without, priors.weight)
@@ -153,6 +162,8 @@ class SidecarSchedule:
 
     def job_done(self, new_tokens: int, compute_s: float) -> None:
         self.job.add(new_tokens, compute_s)
+        if self.speed_key is not None:
+            write_record(SPEED_RECORD, self.speed_key, [list(obs) for obs in self.job.obs])
 
     def step(self, seconds: float) -> None:
         self.step_s.add(seconds)
@@ -169,3 +180,9 @@ class SidecarSchedule:
         return {"job_fixed_s": round(a, 3), "job_s_per_token": round(b, 6), "jobs_measured": len(self.job.obs),
                 "call_tokens": round(self.call_tokens.value, 1), "step_s": round(self.step_s.value, 4),
                 "tau_without": round(self.tau_without.value, 2), "tau_with": round(self.tau_with.value, 2)}
+
+
+def _valid_job(obs) -> bool:
+    """A stored (prompt tokens, seconds) pair that can be trusted: a hand-edited or damaged record is skipped."""
+    return (isinstance(obs, (list, tuple)) and len(obs) == 2
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and np.isfinite(x) and x >= 0 for x in obs))

@@ -40,6 +40,18 @@ class MergedDrafter(Drafter):
         for part in self.parts:
             part.observe(produced)
 
+    @property
+    def probe_nodes(self) -> int:
+        return sum(part.probe_nodes for part in self.parts)
+
+    def probes(self, context: np.ndarray) -> list[np.ndarray]:
+        return [chain for part in self.parts if part.probe_nodes for chain in part.probes(context)]
+
+    def verified(self, tree, choices: np.ndarray) -> None:
+        for part in self.parts:
+            if part.probe_nodes:
+                part.verified(tree, choices)
+
     def finish(self) -> None:
         for part in self.parts:
             part.finish()

@@ -110,14 +110,19 @@ def generate(
     uniforms = sampling.uniforms(max(max_new_tokens, 1)) if sampling is not None else None
     meter = SampledAcceptance() if sampling is not None else None  # smaller trees where sampling is less sure
     finish_reason = "length"
-    # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
-    seq = np.empty(p + max_new_tokens + budget + 1, dtype=np.int64)
-    seq[:p] = prompt
-    n = p
-    target.reset(p + max_new_tokens + budget + 1)
     if request.cost is None:
         request = replace(request, cost=target.cost_model())
     drafter.start(request)
+    # Nodes beyond the budget where the drafter reads the target's own predictions (Drafter.probes); known
+    # once it has seen the request (its cost curve says how cheap extra rows are).
+    probe_nodes = max(0, int(getattr(drafter, "probe_nodes", 0)))
+    if step_nodes is not None:
+        probe_nodes = min(probe_nodes, step_nodes - budget)
+    # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
+    seq = np.empty(p + max_new_tokens + budget + probe_nodes + 1, dtype=np.int64)
+    seq[:p] = prompt
+    n = p
+    target.reset(p + max_new_tokens + budget + probe_nodes + 1)
     # The target takes the threads of a sidecar on its CPU while that sidecar is idle (checked between
     # prefill chunks and before every verification); they are given back when it works again, and at the end.
     threads = ThreadShare(drafter)
@@ -156,6 +161,8 @@ def generate(
                 discount = meter.discount if meter is not None else 1.0
                 tree = build_tree(drafter.candidates(seq[:n]), budget, drafter.cost, discount).pruned(budget,
                                                                                                     remaining - 1)
+                if probe_nodes:
+                    tree = tree.extended(drafter.probes(seq[:n]), len(tree) + probe_nodes, remaining - 1)
             else:
                 tree = TokenTree.empty()
             stats.draft_s += time.perf_counter() - t_draft
@@ -166,16 +173,23 @@ def generate(
             #    forbidden tokens' logits at -inf after each).
             # 4. Accept: greedy, the longest path the target agrees with, plus its own next token; sampling, the
             #    path speculative sampling accepts, plus the token it draws after it.
+            choices = None
             if constraint is None and sampling is None:
-                path, bonus = greedy_accept(tree, target.verify(pending, tree))
+                choices = target.verify(pending, tree)
+                path, bonus = greedy_accept(tree, choices)
             else:
                 logits = target.verify_logits(pending, tree)
                 if constraint is not None:
                     logits = constraint.apply(logits, allowed)
                 if sampling is None:
-                    path, bonus = greedy_accept(tree, logits.argmax(-1).cpu().numpy())
+                    choices = logits.argmax(-1).cpu().numpy()
+                    path, bonus = greedy_accept(tree, choices)
                 else:
                     path, bonus = speculative_accept(tree, logits, sampling, uniforms[n - p :], meter)
+                    if probe_nodes:  # the probes want the target's likeliest token, sampled or not
+                        choices = logits.argmax(-1).cpu().numpy()
+            if probe_nodes and len(tree):
+                drafter.verified(tree, choices)
             # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
             target.commit(path)
             stats.target_forwards += 1

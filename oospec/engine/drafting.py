@@ -115,6 +115,19 @@ class Drafter:
     def finish(self) -> None:
         """Called once when the request ends (also on errors)."""
 
+    # Nodes a drafter may add to every tree beyond the budget to read the target's own predictions there rather
+    # than to be accepted (`probes`); 0: it has none. The target verifies them like any node, so the output
+    # is the same whatever they hold.
+    probe_nodes = 0
+
+    def probes(self, context: np.ndarray) -> list[np.ndarray]:
+        """Token chains below the pending token whose predictions the drafter wants (see `verified`)."""
+        return []
+
+    def verified(self, tree: TokenTree, choices: np.ndarray) -> None:
+        """The tree just verified and the target's greedy choice after the pending token and after every node,
+        ((len(tree)+1,) int64, entry k+1 after node k); called only for drafters with probe_nodes."""
+
     def idle_threads(self) -> int:
         """CPU threads this drafter's helper process owns on the target's CPU but is not using right now (a
         sidecar whose answer is in): the target may use them until this says 0 again (oospec.engine.threads)."""

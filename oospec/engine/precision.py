@@ -12,7 +12,6 @@ bfloat16; anything else runs in float32. The verdict is cached per processor, to
 from __future__ import annotations
 
 import hashlib
-import json
 import platform
 import sys
 import warnings
@@ -95,45 +94,16 @@ def probe(model, *, trees: tuple[int, ...] = PROBE_TREES, prompt_len: int = PROB
     return ProbeResult(True, f"{compared} rows of {len(trees)} random trees bitwise equal at every layer")
 
 
-def _verdict_file() -> Path:
-    from oospec.models.provision import oospec_home
-
-    return oospec_home() / "dtype-verdicts.json"
+VERDICTS = "dtype-verdicts.json"  # in oospec's cache (oospec.models.provision.read_record)
 
 
 def _verdict_key(folder: Path) -> str:
     from oospec.engine.kernels import build_key
-    from oospec.models.cpu_features import CPUINFO
+    from oospec.models.cpu_features import cpu_model
 
-    cpu = "unknown"
-    try:
-        cpu = next((line.split(":", 1)[1].strip() for line in CPUINFO.read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    except OSError:
-        pass
     config = (folder / "config.json").read_bytes() if (folder / "config.json").is_file() else b""
     model = hashlib.sha256(str(folder.resolve()).encode() + config).hexdigest()[:16]
-    return f"{cpu} | {platform.machine()} | torch {torch.__version__} | kernels {build_key()} | model {model}"
-
-
-def _read_verdicts() -> dict:
-    try:
-        return json.loads(_verdict_file().read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _write_verdict(key: str, verdict: dict) -> None:
-    path = _verdict_file()
-    verdicts = _read_verdicts()
-    verdicts[key] = verdict
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(verdicts, indent=1))
-        tmp.replace(path)
-    except OSError:
-        pass  # an unwritable cache only means probing again next time
+    return f"{cpu_model()} | {platform.machine()} | torch {torch.__version__} | kernels {build_key()} | model {model}"
 
 
 def prepare(model, optimize: bool = True) -> dict:
@@ -150,7 +120,7 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
     from oospec.engine.kernels import native
     from oospec.models.cpu_features import auto_dtype, native_bf16
     from oospec.models.loading import BatchVarianceWarning, load_model
-    from oospec.models.provision import resolve_model_path
+    from oospec.models.provision import oospec_home, read_record, resolve_model_path, write_record
 
     say = say or (lambda line: print(line, file=sys.stderr))
     if dtype != "auto" or not str(device).startswith("cpu"):
@@ -170,16 +140,17 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
         return model, tokenizer, f"--dtype auto: float32 ({why_not})"
     folder = resolve_model_path(name_or_path)
     key = _verdict_key(folder)
-    cached = _read_verdicts().get(key)
+    cached = read_record(VERDICTS).get(key)
     if cached is None or cached.get("dtype") == "bfloat16":
         model, tokenizer = load_model(folder, dtype="bfloat16", device=device)
         report = prepare(model)
         if cached is None:
             result = probe(model) if report["applied"] else ProbeResult(False, f"not installed: {report['reason']}")
             cached = {"dtype": "bfloat16" if result.invariant else "float32", "detail": result.detail}
-            _write_verdict(key, cached)
+            write_record(VERDICTS, key, cached)
         if cached["dtype"] == "bfloat16":
-            note = f"--dtype auto: bfloat16 ({flag}; invariant forward probed: {cached['detail']}; cached in {_verdict_file()})"
+            note = (f"--dtype auto: bfloat16 ({flag}; invariant forward probed: {cached['detail']}; "
+                    f"cached in {oospec_home() / VERDICTS})")
             say(note)
             return model, tokenizer, note
         del model

@@ -12,6 +12,7 @@ emulated (AVX2, AVX-512 without BF16) it converts to float32 inside and is slowe
 
 from __future__ import annotations
 
+import platform
 from functools import lru_cache
 from pathlib import Path
 
@@ -59,3 +60,14 @@ def drafter_dtype(device: str, flags: frozenset[str] | None = None) -> str:
 @lru_cache(maxsize=1)
 def this_cpu_flags() -> frozenset[str]:
     return cpu_flags()
+
+
+def cpu_model() -> str:
+    """The processor's name (/proc/cpuinfo's "model name"), else what the platform module says."""
+    try:
+        for line in CPUINFO.read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

@@ -48,6 +48,30 @@ def oospec_home() -> Path:
     return Path.home() / ".cache" / "oospec"
 
 
+def read_record(name: str) -> dict:
+    """A JSON object kept in oospec's cache (what this machine measured once: dtype verdicts, sidecar speed);
+    {} when missing or unreadable."""
+    try:
+        record = json.loads((oospec_home() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def write_record(name: str, key: str, value) -> None:
+    """Set `key` in the cached JSON object `name` (atomically); an unwritable cache only means measuring again."""
+    path = oospec_home() / name
+    record = read_record(name)
+    record[key] = value
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass
+
+
 def model_dir(name: str) -> Path:
     """The folder a known model is (or will be) converted into."""
     return oospec_home() / "models" / name

@@ -168,6 +168,16 @@ class SidecarClient:
     def ready(self) -> bool:
         return self._ready
 
+    def speed_key(self) -> str:
+        """What its job times depend on: this processor, torch, the sidecar's model, adapter, precision, device
+        and threads (the key under which SidecarSchedule keeps them across processes)."""
+        import torch
+
+        from oospec.models.cpu_features import cpu_model
+
+        options = json.dumps(self.options, sort_keys=True, default=str)
+        return f"{cpu_model()} | torch {torch.__version__} | {self.factory} {options} | threads {self.threads}"
+
     @property
     def state(self) -> str:
         """Where the worker stands: "alive" (loaded, answering), "loading" (first start), "restarting" (loading

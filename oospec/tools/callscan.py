@@ -14,7 +14,6 @@ before `}` at each depth, so a target that pretty-prints gets pretty-printed dra
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -23,6 +22,7 @@ from oospec.tools.dialects import ARGS_KEYS, CLOSERS
 from oospec.tools.jsonscan import CLOSE, OPEN, STRING, STRING_END, STRING_START, JsonScanner
 from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import Param, Tool
+from oospec.tools.valuesource import ValueSource
 
 
 @dataclass
@@ -245,48 +245,44 @@ class Continuation:
     end_of_turn: bool = False  # the target's end-of-turn token follows the text
 
 
-class ValueSource:
-    """Argument values are often copied from the request (ids, names, places): once a value has begun, the
-    spans of the request text that start the same way are likely endings."""
-
-    _STRONG_STOP = re.compile(r"[,;?!()\[\]{}<>\"\n]")
-    _TRAILING = ".,;:?!)\"' "
-
-    def __init__(self, text: str, max_spans: int = 4, max_words: int = 3):
-        self.text = text
-        self.max_spans = max_spans
-        self.max_words = max_words
-
-    def endings(self, prefix: str) -> list[str]:
-        """Rests of request spans that begin with `prefix` at a word start, latest mention first, ending after
-        one, two or three words (never across strong punctuation)."""
-        if not prefix or not self.text:
-            return []
-        found: list[tuple[int, str]] = []  # (0 if the prefix ends mid-word, else 1; ending)
-        start = self.text.rfind(prefix)
-        while start >= 0 and len(found) < 4 * self.max_spans:
-            if start == 0 or not self.text[start - 1].isalnum():
-                rest = self.text[start + len(prefix) : start + len(prefix) + 120]
-                stop = self._STRONG_STOP.search(rest)
-                rest = rest[: stop.start()] if stop else rest
-                rank = 1 if rest[:1].isspace() else 0
-                for i, word in enumerate(re.finditer(r"\S+", rest)):
-                    if i >= self.max_words:
-                        break
-                    end = rest[: word.end()].rstrip(self._TRAILING)
-                    if end and all(end != e for _, e in found):
-                        found.append((rank, end))
-            start = self.text.rfind(prefix, 0, start) if start > 0 else -1
-        found.sort(key=lambda x: x[0])  # stable: latest mention first within a rank
-        return [e for _, e in found[: self.max_spans]]
-
-
 def structure_continuations(
     scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str],
     values: ValueSource | None = None,
 ) -> list[Continuation]:
     """The text the schema makes likely next, most likely first; [] where only values can follow."""
     return _Continuations(scan, tools, habits, default_args_key, default_openers, values).continuations()
+
+
+def likeliest(nexts: list[Continuation]) -> list[Continuation]:
+    """The likeliest continuation, with the next ones that only lengthen it (the close, then the closer and the
+    end of turn): one branch of the tree holds them all."""
+    if not nexts:
+        return []
+    return [nexts[0]] + [c for c in nexts[1:] if c.text.startswith(nexts[0].text)]
+
+
+@dataclass(frozen=True)
+class SlotJump:
+    """A way from where the target is to just inside the value of an argument it has not written yet, as if the
+    value being written ended here and that argument came next (oospec.drafters.slots reads the target's own
+    prediction there)."""
+
+    name: str  # the argument
+    quoted: bool  # a string: its closing quote ends it (else the first `,`, `}` or space)
+    text: str  # from here to just inside the value
+    after: str  # once the value is written: its closing quote, then the next argument's opener or the close
+
+
+def slot_jumps(scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str) -> list[SlotJump]:
+    """A jump to each argument of the named function not written yet, in schema order; [] unless the target is
+    right after the name or inside the arguments where a value ends or a key begins."""
+    return _Continuations(scan, tools, habits, default_args_key, ()).slot_jumps()
+
+
+def value_end(scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str) -> str:
+    """What likeliest follows the argument value being written once it is complete (its closing quote, the next
+    key's opener or the close); "" when no value is being written."""
+    return _Continuations(scan, tools, habits, default_args_key, ()).value_end()
 
 
 class _Continuations:
@@ -308,6 +304,11 @@ class _Continuations:
         if tool.parameters:
             return self.style.ws("{", 2) + self.key_value_open(tool.parameters[0], 2)
         return self.render.close()
+
+    def args_rest(self) -> str:
+        """After the arguments' `{` of the named function: its first key (nothing while no name is known)."""
+        tool = self.by_name.get(self.scan.name or "")
+        return self.args_body(tool) if tool is not None else ""
 
     def after_name(self, tool: Tool) -> str:
         return self.render.args_open() + self.args_body(tool)
@@ -354,7 +355,8 @@ class _Continuations:
             return self.names(prefix)
         if where is CallPosition.CALL_KEY:
             keys = ["name"] if not frame.keys else [self.args_key]
-            return [Continuation(k[len(prefix) :] + '":' + self.style.ws(":", 1) + ("" if k != "name" else '"'), 0.9)
+            return [Continuation(k[len(prefix) :] + '":' + self.style.ws(":", 1)
+                                 + ('"' if k == "name" else "{" + self.args_rest()), 0.9)
                     for k in keys if k.startswith(prefix)]
         tool = self.by_name.get(self.scan.name or "")
         if tool is None:
@@ -364,19 +366,24 @@ class _Continuations:
             return [Continuation(p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p),
                                  0.9 if i == 0 else 0.3) for i, p in enumerate(remaining)]
         param = self.param(tool, frame.keys[-1] if frame.keys else "")
+        nexts = self.after_value(tool, frame, "")[:2]
+        first = likeliest(nexts) or [Continuation("", 1.0)]
         if param is not None and param.enum:
             options = [str(v) for v in param.enum if isinstance(v, str) and str(v).startswith(prefix)]
-            return [Continuation(v[len(prefix) :] + '"', 0.6) for v in options]
+            return [Continuation(v[len(prefix) :] + '"' + nxt.text, 0.6 * nxt.confidence, nxt.end_of_turn)
+                    for v in options for nxt in first]
         if not prefix:
             return []
-        nexts = self.after_value(tool, frame, "")[:2]
         out = []
-        for i, rest in enumerate(self.values.endings(prefix) if self.values else ()):
+        rests = self.values.endings(prefix) + self.values.date_endings(prefix) if self.values else []
+        for i, rest in enumerate(dict.fromkeys(rests)):
             if rest:
                 conf = 0.5 / (1 + i)
-                out += [Continuation(rest + '"' + nxt.text, conf * nxt.confidence, nxt.end_of_turn) for nxt in nexts[:1]]
-        # The value may also end right here: cheap as a side branch, right whenever the next token is `"`.
-        out += [Continuation('"' + nxt.text, 0.25 * nxt.confidence, nxt.end_of_turn) for nxt in nexts]
+                out += [Continuation(rest + '"' + nxt.text, conf * nxt.confidence, nxt.end_of_turn) for nxt in first]
+        # The value may also end right here: cheap as a side branch, right whenever the next token is `"`, and
+        # likely where what is written is a whole span of the request.
+        end = 0.6 if self.values is not None and self.values.is_span(prefix) else 0.25
+        out += [Continuation('"' + nxt.text, end * nxt.confidence, nxt.end_of_turn) for nxt in nexts]
         return out
 
     def names(self, prefix: str) -> list[Continuation]:
@@ -389,11 +396,14 @@ class _Continuations:
         scan = self.scan
         if where is CallPosition.CALL_KEY_NEXT:
             if not frame.keys:
-                return [Continuation(self.pending_ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"', 0.9)]
-            return [Continuation(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{", 0.9)]
+                head = self.pending_ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"'
+                return [Continuation(head, 0.9)] + [Continuation(head + c.text, c.confidence) for c in self.names("")]
+            return [Continuation(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{"
+                                 + self.args_rest(), 0.9)]
         if where is CallPosition.CALL_COLON:
             key = frame.keys[-1] if frame.keys else ""
-            return [Continuation(":" + self.style.ws(":", 1) + ('"' if key == "name" else "{"), 0.9)]
+            return [Continuation(":" + self.style.ws(":", 1) + ('"' if key == "name" else "{" + self.args_rest()),
+                                 0.9)]
         if where is CallPosition.CALL_VALUE_NEXT:
             key = frame.keys[-1] if frame.keys else ""
             if key == "name":
@@ -431,13 +441,22 @@ class _Continuations:
                 if param is not None and param.type == "boolean":
                     return [Continuation(word[len(self.scan.scalar) :], 0.9) for word in ("true", "false")
                             if word.startswith(self.scan.scalar) and word != self.scan.scalar]
-                return [Continuation(c.text, 0.2 * c.confidence, c.end_of_turn)
-                        for c in self.after_value(tool, frame, "")[:2]]
+                return self.number_rest(tool, frame, self.scan.scalar)
             opener = self.render.value_open(param)
             if param is not None and param.type == "boolean":
                 return [Continuation(self.pending_ws(":", 2) + w, 0.45) for w in ("true", "false")]
             return [Continuation(self.pending_ws(":", 2) + opener, 0.9)] if opener else []
         return self.after_value(tool, frame, self.scan.ws)
+
+    def number_rest(self, tool: Tool, frame: Frame, written: str) -> list[Continuation]:
+        """Inside a number (or literal): the rest of a request number it begins, then what follows the value;
+        or the value ending here (likely where it is one of the request's numbers whole)."""
+        nexts = self.after_value(tool, frame, "")[:2]
+        rests = self.values.number_endings(written) if self.values is not None else []
+        out = [Continuation(rest + nxt.text, 0.5 / (1 + i) * nxt.confidence, nxt.end_of_turn)
+               for i, rest in enumerate(rests) if rest for nxt in likeliest(nexts)]
+        end = 0.6 if "" in rests else 0.2
+        return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in nexts]
 
     def after_value(self, tool: Tool, frame: Frame, written_ws: str) -> list[Continuation]:
         """After an argument's value: the next key in schema order, or the end of the call."""
@@ -452,6 +471,41 @@ class _Continuations:
         if not remaining:
             return close
         return nexts + close if required_left or not tool.required else nexts[:1] + close + nexts[1:]
+
+    # -- jumps to values not written yet (slot_jumps) -----------------------------------------------------------
+    def slot_jumps(self) -> list[SlotJump]:
+        scan, where = self.scan, self.scan.position
+        tool = self.by_name.get(scan.name or "")
+        if tool is None or not scan.stack:
+            return []
+        frame = scan.stack[-1]
+        if where is CallPosition.CALL_VALUE_DONE and frame.keys[-1:] == ["name"]:
+            written, lead = [], self.render.args_open() + self.style.ws("{", 2)
+        elif where is CallPosition.ARG_STRING:
+            written, lead = frame.keys, '"' + "," + self.style.ws(",", 2)
+        elif where is CallPosition.ARG_VALUE_DONE:
+            written, lead = frame.keys, "," + self.style.ws(",", 2)
+        elif where is CallPosition.ARG_KEY_NEXT:
+            written, lead = frame.keys, self.pending_ws("{" if not frame.keys else ",", 2)
+        else:
+            return []
+        jumps = []
+        for p in tool.parameters:
+            opener = self.render.value_open(p)
+            if p.name in written or opener not in ('"', ""):
+                continue
+            nexts = self.after_value(tool, Frame("args", "{", "comma", list(written) + [p.name]), "")
+            jumps.append(SlotJump(p.name, opener == '"', lead + self.key_value_open(p, 2),
+                                  opener + (nexts[0].text if nexts else "")))
+        return jumps
+
+    def value_end(self) -> str:
+        scan, where = self.scan, self.scan.position
+        tool = self.by_name.get(scan.name or "")
+        if tool is None or where not in (CallPosition.ARG_STRING, CallPosition.ARG_VALUE):
+            return ""
+        nexts = self.after_value(tool, scan.stack[-1], "")
+        return ('"' if where is CallPosition.ARG_STRING else "") + (nexts[0].text if nexts else "")
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def pending_ws(self, punct: str, depth: int) -> str:

@@ -1,0 +1,125 @@
+"""Argument values are often copied from the request: the spans and numbers of what the user said that a value
+being written may be completing (the schema drafter's value guesses, oospec.tools.callscan), and the dates and
+times it names written as APIs take them ("April 15th at 2 PM" as 2023-04-15 14:00:00 once the year is written).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cached_property
+
+_MONTHS = {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
+                                           "nov", "dec"))}
+_MONTH = r"(jan|feb|mar|apr|may|jun|jul|aug|sep|oct|nov|dec)[a-z]*\.?"
+_DAY = r"(\d{1,2})(?:st|nd|rd|th)?"
+_YEAR = r"(?:,?\s+(\d{4}))?"
+_MONTH_DAY = re.compile(rf"\b{_MONTH}\s+{_DAY}\b{_YEAR}", re.IGNORECASE)  # April 15th, 2023
+_DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}{_YEAR}", re.IGNORECASE)  # 15th of April 2023
+_CLOCK = re.compile(r"\b(\d{1,2})(?::(\d{2}))?(?::(\d{2}))?\s*([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})(?::(\d{2}))?\b",
+                    re.IGNORECASE)  # 2 PM, 2:30pm, 14:00, 14:00:00
+_ISO_YEAR = re.compile(r"^\d{4}(?=-)")
+
+
+class ValueSource:
+    """Argument values are often copied from the request (ids, names, places): once a value has begun, the
+    spans of the request text that start the same way are likely endings."""
+
+    _STRONG_STOP = re.compile(r"[,;?!()\[\]{}<>\"\n]")
+    _TRAILING = ".,;:?!)\"' "
+
+    def __init__(self, text: str, max_spans: int = 4, max_words: int = 3):
+        self.text = text
+        self.max_spans = max_spans
+        self.max_words = max_words
+
+    def endings(self, prefix: str) -> list[str]:
+        """Rests of request spans that begin with `prefix` at a word start, latest mention first, ending after
+        one, two or three words (never across strong punctuation)."""
+        if not prefix or not self.text:
+            return []
+        found: list[tuple[int, str]] = []  # (0 if the prefix ends mid-word, else 1; ending)
+        start = self.text.rfind(prefix)
+        while start >= 0 and len(found) < 4 * self.max_spans:
+            if start == 0 or not self.text[start - 1].isalnum():
+                rest = self.text[start + len(prefix) : start + len(prefix) + 120]
+                stop = self._STRONG_STOP.search(rest)
+                rest = rest[: stop.start()] if stop else rest
+                rank = 1 if rest[:1].isspace() else 0
+                for i, word in enumerate(re.finditer(r"\S+", rest)):
+                    if i >= self.max_words:
+                        break
+                    end = rest[: word.end()].rstrip(self._TRAILING)
+                    if end and all(end != e for _, e in found):
+                        found.append((rank, end))
+            start = self.text.rfind(prefix, 0, start) if start > 0 else -1
+        found.sort(key=lambda x: x[0])  # stable: latest mention first within a rank
+        return [e for _, e in found[: self.max_spans]]
+
+    def date_endings(self, prefix: str) -> list[str]:
+        """Rests of the request's dates and times written as ISO values (2023-04-15, 2023-04-15 14:00:00,
+        14:00:00, 14:00) that begin with `prefix`; a date's year is the one `prefix` starts with, else one the
+        request names (none: nothing until the target has written its year)."""
+        if not prefix or not (self.dates or self.times):
+            return []
+        year = _ISO_YEAR.match(prefix)
+        years = [year.group()] if year else self.years
+        values: list[str] = []
+        for y in years:
+            for yy, month, day in self.dates:
+                date = f"{yy or y}-{month:02d}-{day:02d}"
+                values += [f"{date} {t}:00" for t in self.times] + [date] + [f"{date} {t}" for t in self.times]
+        values += [f"{t}:00" for t in self.times] + list(self.times)
+        out: list[str] = []
+        for value in values:
+            if value.startswith(prefix) and value[len(prefix):] and value[len(prefix):] not in out:
+                out.append(value[len(prefix):])
+        return out[: self.max_spans]
+
+    @cached_property
+    def dates(self) -> list[tuple[str | None, int, int]]:
+        """(year or None, month, day) of every date the request names in words, latest first."""
+        found = []
+        for m in _MONTH_DAY.finditer(self.text):
+            found.append((m.start(), m.group(3), _MONTHS[m.group(1).lower()], int(m.group(2))))
+        for m in _DAY_MONTH.finditer(self.text):
+            found.append((m.start(), m.group(3), _MONTHS[m.group(2).lower()], int(m.group(1))))
+        found.sort(key=lambda f: -f[0])
+        return [(y, mo, d) for _, y, mo, d in found if 1 <= d <= 31]
+
+    @cached_property
+    def times(self) -> list[str]:
+        """HH:MM of every clock time the request names, 24-hour, latest first."""
+        out = []
+        for m in reversed(list(_CLOCK.finditer(self.text))):
+            if m.group(4):
+                hour, minute = int(m.group(1)), int(m.group(2) or 0)
+                hour = hour % 12 + (12 if m.group(4).lower() == "p" else 0)
+            else:
+                hour, minute = int(m.group(5)), int(m.group(6))
+            text = f"{hour:02d}:{minute:02d}"
+            if hour < 24 and minute < 60 and text not in out:
+                out.append(text)
+        return out
+
+    @cached_property
+    def years(self) -> list[str]:
+        return list(dict.fromkeys(reversed(re.findall(r"\b(?:19|20)\d{2}\b", self.text))))
+
+    def is_span(self, prefix: str) -> bool:
+        """`prefix` is a whole span of the request: it starts a word there and a word ends with it."""
+        return bool(prefix) and re.search(r"(?<!\w)" + re.escape(prefix) + r"(?!\w)", self.text) is not None
+
+    _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
+
+    def number_endings(self, prefix: str) -> list[str]:
+        """Rests of the request's numbers that begin with `prefix` (a number being written), latest first; ""
+        where `prefix` is one of them whole."""
+        out: list[str] = []
+        for match in reversed(list(self._NUMBER.finditer(self.text))):
+            number = match.group()
+            if number.startswith(prefix) and number[len(prefix):] not in out:
+                out.append(number[len(prefix):])
+            if len(out) >= self.max_spans:
+                break
+        return out
+
