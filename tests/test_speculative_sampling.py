@@ -65,7 +65,7 @@ class TableTarget:
     def reset(self, capacity: int) -> None:
         self.committed = []
 
-    def cost_model(self) -> CostModel:
+    def cost_model(self, threads: int | None = None) -> CostModel:
         return CostModel.flat()
 
     def prefill_logits(self, prompt_ids, start: int = 0, between_chunks=None) -> torch.Tensor:

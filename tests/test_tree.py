@@ -78,6 +78,7 @@ def test_generate_gives_drafters_the_targets_curve_unless_the_request_has_one(dt
     from oospec.engine.decode import generate
     from oospec.engine.drafting import Request
     from oospec.engine.target import TargetBackend
+    from oospec.engine.threads import torch_threads
 
     target = TargetBackend(tiny_model("qwen2").to(getattr(torch, dtype)))
     seen = []
@@ -93,3 +94,12 @@ def test_generate_gives_drafters_the_targets_curve_unless_the_request_has_one(dt
     mine = CostModel.from_curve({1: 1.0, 64: 1.0})
     generate(target, Recording(), Request(prompt_ids=prompt, cost=mine), 4)
     assert seen[-1] is mine
+
+    class Lending(Recording):  # an idle sidecar's thread: the target verifies on its own and that one
+        def idle_threads(self):
+            return 1
+
+    with torch_threads(1):
+        generate(target, Lending(), Request(prompt_ids=prompt), 4)
+        assert np.allclose(seen[-1].ratios, target.cost_model(2).ratios)
+        assert not np.allclose(target.cost_model(2).ratios, target.cost_model(1).ratios)

@@ -194,12 +194,19 @@ class SidecarMethod(EngineMethod):
     def __init__(self, name: str, shared: Shared):
         super().__init__(name, shared)
         self.threads = shared.cores.target
-        from oospec.drafters.sidecar import speed_key
-        from oospec.drafters.sidecar_schedule import SidecarSchedule
+        self._plan = None
 
-        # One schedule for the whole run, warm-up included, as a server keeps one for its life: what it measured
-        # on the first request (the warm-up), or earlier runs on this machine, decides the later ones.
-        self.plan = SidecarSchedule(speed_key=speed_key(shared.sidecar))
+    @property
+    def plan(self):
+        """One schedule for the whole run, warm-up included, as a server keeps one for its life: what it measured
+        on the first requests, or earlier runs with this sidecar on this machine, decides the later ones. Made
+        on first use: the sidecar (its speed key) starts after the methods are built."""
+        if self._plan is None:
+            from oospec.drafters.sidecar import speed_key
+            from oospec.drafters.sidecar_schedule import SidecarSchedule
+
+            self._plan = SidecarSchedule(speed_key=speed_key(self.shared.sidecar))
+        return self._plan
 
     @property
     def cores(self) -> str:

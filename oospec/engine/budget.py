@@ -70,14 +70,16 @@ def cheap_rows(cost: CostModel, rows: int, overhead: float, limit: int = 64) -> 
     return int(extra[fits].max()) if fits.any() else 0
 
 
-def default_cost_model(dtype=None, device: str = "cpu") -> CostModel:
-    """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's) at the
-    torch thread count in use now. Other devices get the float32 CPU curve too, the cautious choice (it keeps
-    trees small): an accelerator's flatter curve should be measured and given (CostModel.from_json)."""
+def default_cost_model(dtype=None, device: str = "cpu", threads: int | None = None) -> CostModel:
+    """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's) at
+    `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the
+    cautious choice (it keeps trees small): an accelerator's flatter curve should be measured and given
+    (CostModel.from_json)."""
     import torch
 
     name = "bfloat16" if dtype == torch.bfloat16 and device == "cpu" else "float32"
-    return CostModel.from_curve(CPU_CURVES[name, 1 if torch.get_num_threads() == 1 else 2])
+    threads = torch.get_num_threads() if threads is None else threads
+    return CostModel.from_curve(CPU_CURVES[name, 1 if threads <= 1 else 2])
 
 
 class PriorMean:

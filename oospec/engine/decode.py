@@ -110,8 +110,12 @@ def generate(
     uniforms = sampling.uniforms(max(max_new_tokens, 1)) if sampling is not None else None
     meter = SampledAcceptance() if sampling is not None else None  # smaller trees where sampling is less sure
     finish_reason = "length"
+    # The target takes the threads of a sidecar on its CPU while that sidecar is idle (checked between
+    # prefill chunks and before every verification); they are given back when it works again, and at the end.
+    threads = ThreadShare(drafter)
     if request.cost is None:
-        request = replace(request, cost=target.cost_model())
+        # The curve of the threads it will verify with: its own and those the idle sidecar lends it.
+        request = replace(request, cost=target.cost_model(threads.own + drafter.idle_threads()))
     drafter.start(request)
     # Nodes beyond the budget where the drafter reads the target's own predictions (Drafter.probes); known
     # once it has seen the request (its cost curve says how cheap extra rows are).
@@ -123,9 +127,6 @@ def generate(
     seq[:p] = prompt
     n = p
     target.reset(p + max_new_tokens + budget + probe_nodes + 1)
-    # The target takes the threads of a sidecar on its CPU while that sidecar is idle (checked between
-    # prefill chunks and before every verification); they are given back when it works again, and at the end.
-    threads = ThreadShare(drafter)
     try:
         # 1. Prefill: the prompt goes into the cache, its last logits give the first (pending) token.
         t0 = time.perf_counter()

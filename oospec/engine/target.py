@@ -119,10 +119,10 @@ class TargetBackend:
         invariant = getattr(model, "oospec_invariant", None)
         self.max_tree_nodes = invariant["step_rows"] - 1 if invariant else None
 
-    def cost_model(self) -> CostModel:
-        """c(k)/c(1) of this target's verification forwards: the measured curve of its device, dtype and the
-        thread count in use now."""
-        return default_cost_model(self.dtype, self.device.type)
+    def cost_model(self, threads: int | None = None) -> CostModel:
+        """c(k)/c(1) of this target's verification forwards: the measured curve of its device, dtype and
+        `threads` (None: the thread count in use now)."""
+        return default_cost_model(self.dtype, self.device.type, threads)
 
     @property
     def length(self) -> int:
