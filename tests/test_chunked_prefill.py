@@ -116,8 +116,9 @@ def test_threads_are_borrowed_while_the_helper_is_idle_and_given_back(tiny):
     torch.set_num_threads(1)
     seen, hook = forward_threads(tiny)
     try:
-        # asked before chunk 1, then before chunks 2..5: idle from the 3rd question, busy again at the 7th
-        out = generate(target, LendingDrafter(1, lend_from=3, busy_from=7), Request(prompt, frozenset()), MAX_NEW)
+        # asked once for the cost curve (the threads it will verify on), before chunk 1, then before chunks
+        # 2..5: idle from the 4th question, busy again at the 8th
+        out = generate(target, LendingDrafter(1, lend_from=4, busy_from=8), Request(prompt, frozenset()), MAX_NEW)
         after = torch.get_num_threads()
     finally:
         hook.remove()

@@ -15,6 +15,7 @@ import pytest
 from sidecar_fakes import InstantSidecar
 
 from oospec.drafters import make_drafter
+from oospec.engine.budget import CPU_CURVES, CostModel
 from oospec.engine.drafting import Request
 from oospec.sidecar import SidecarClient
 from oospec.sidecar.protocol import Guess, Job
@@ -116,9 +117,11 @@ def test_bad_payloads_fall_back_to_toolspec(smol_engine, apibank_case, caplog):
     """Invalid JSON, an unknown function, wrong types, absurd values, a payload for another request, a
     predictor error: each is rejected (or trimmed to nothing), logged once, and decoding is toolspec's."""
     sample, prompt, ref, _ = apibank_case
-    toolspec = make_drafter("toolspec")
+    # One curve for both: oospec's target borrows the idle sidecar's thread and would size its trees for two.
+    curve = CostModel.from_curve(CPU_CURVES["float32", 2])
+    toolspec = make_drafter("toolspec", cost=curve)
     with fake_client(mode="from-job") as client, caplog.at_level(logging.WARNING, logger="oospec.sidecar"):
-        oospec = make_drafter("oospec", sidecar=client)
+        oospec = make_drafter("oospec", sidecar=client, cost=curve)
         # Every fault once, two of them twice (a repeated fault is not logged again).
         for mode, kind in [*CONTENT_FAULTS.items(), ("invalid-json", "invalid-json"), ("other-request", "wrong-request")]:
             messages = [*sample.messages[:-1], {**sample.messages[-1],

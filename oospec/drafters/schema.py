@@ -13,8 +13,7 @@ import numpy as np
 
 from oospec.drafters.priors import ACCEPTANCE
 from oospec.engine.drafting import Candidate, Drafter, Request
-from oospec.tools.callscan import (CallScanner, Continuation, Habits, SlotJump, slot_jumps,
-                                   structure_continuations, value_end)
+from oospec.tools.callscan import CallScanner, Continuation, Habits, structure_continuations
 from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes
@@ -88,14 +87,6 @@ class SchemaDrafter(Drafter):
             return []
         return structure_continuations(self.scanner, self.tools, self.habits, self.dialect.args_key,
                                        self.dialect.openers, self.values)
-
-    def slot_jumps(self) -> list[SlotJump]:
-        """Ways from here into each argument not written yet (oospec.tools.callscan.slot_jumps)."""
-        return slot_jumps(self.scanner, self.tools, self.habits, self.dialect.args_key) if self.active else []
-
-    def value_end(self) -> str:
-        """What follows the value being written once it is complete ("" when none is)."""
-        return value_end(self.scanner, self.tools, self.habits, self.dialect.args_key) if self.active else ""
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
         out = []

@@ -34,7 +34,6 @@ from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.priors import ACCEPTANCE
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
-from oospec.drafters.slots import SlotDrafter
 from oospec.drafters.sidecar_schedule import SidecarSchedule
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
@@ -445,16 +444,13 @@ class OoOSpecDrafter(MergedDrafter):
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
                  wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost",
-                 plan: SidecarSchedule | None = None, max_probe_nodes: int = 16):
+                 plan: SidecarSchedule | None = None):
         # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
         # before the give-back; benchmarks compare the two in one run).
         self.lend_threads = lend_threads
         schema = SchemaDrafter()
         self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s, schedule=schedule, plan=plan)
-        parts = [schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()]
-        if max_probe_nodes:  # the target's own guesses of every argument where its rows are cheap (slots)
-            parts.insert(2, SlotDrafter(schema, max_probe_nodes))
-        super().__init__(parts, cost)
+        super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
 
     @property
     def report(self) -> SidecarReport:

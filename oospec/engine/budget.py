@@ -62,14 +62,6 @@ class CostModel:
         return inside
 
 
-def cheap_rows(cost: CostModel, rows: int, overhead: float, limit: int = 64) -> int:
-    """The most rows (<= limit) that can join a forward of `rows` rows and cost it at most `overhead` more:
-    none on a CPU, where every row adds a few percent; dozens on an accelerator's flat curve."""
-    extra = np.arange(1, limit + 1)
-    fits = cost.cost(rows + extra) <= (1.0 + overhead) * float(cost.cost(rows)) + 1e-12
-    return int(extra[fits].max()) if fits.any() else 0
-
-
 def default_cost_model(dtype=None, device: str = "cpu", threads: int | None = None) -> CostModel:
     """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's) at
     `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the

@@ -261,30 +261,6 @@ def likeliest(nexts: list[Continuation]) -> list[Continuation]:
     return [nexts[0]] + [c for c in nexts[1:] if c.text.startswith(nexts[0].text)]
 
 
-@dataclass(frozen=True)
-class SlotJump:
-    """A way from where the target is to just inside the value of an argument it has not written yet, as if the
-    value being written ended here and that argument came next (oospec.drafters.slots reads the target's own
-    prediction there)."""
-
-    name: str  # the argument
-    quoted: bool  # a string: its closing quote ends it (else the first `,`, `}` or space)
-    text: str  # from here to just inside the value
-    after: str  # once the value is written: its closing quote, then the next argument's opener or the close
-
-
-def slot_jumps(scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str) -> list[SlotJump]:
-    """A jump to each argument of the named function not written yet, in schema order; [] unless the target is
-    right after the name or inside the arguments where a value ends or a key begins."""
-    return _Continuations(scan, tools, habits, default_args_key, ()).slot_jumps()
-
-
-def value_end(scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str) -> str:
-    """What likeliest follows the argument value being written once it is complete (its closing quote, the next
-    key's opener or the close); "" when no value is being written."""
-    return _Continuations(scan, tools, habits, default_args_key, ()).value_end()
-
-
 class _Continuations:
     def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None):
         self.values = values
@@ -471,41 +447,6 @@ class _Continuations:
         if not remaining:
             return close
         return nexts + close if required_left or not tool.required else nexts[:1] + close + nexts[1:]
-
-    # -- jumps to values not written yet (slot_jumps) -----------------------------------------------------------
-    def slot_jumps(self) -> list[SlotJump]:
-        scan, where = self.scan, self.scan.position
-        tool = self.by_name.get(scan.name or "")
-        if tool is None or not scan.stack:
-            return []
-        frame = scan.stack[-1]
-        if where is CallPosition.CALL_VALUE_DONE and frame.keys[-1:] == ["name"]:
-            written, lead = [], self.render.args_open() + self.style.ws("{", 2)
-        elif where is CallPosition.ARG_STRING:
-            written, lead = frame.keys, '"' + "," + self.style.ws(",", 2)
-        elif where is CallPosition.ARG_VALUE_DONE:
-            written, lead = frame.keys, "," + self.style.ws(",", 2)
-        elif where is CallPosition.ARG_KEY_NEXT:
-            written, lead = frame.keys, self.pending_ws("{" if not frame.keys else ",", 2)
-        else:
-            return []
-        jumps = []
-        for p in tool.parameters:
-            opener = self.render.value_open(p)
-            if p.name in written or opener not in ('"', ""):
-                continue
-            nexts = self.after_value(tool, Frame("args", "{", "comma", list(written) + [p.name]), "")
-            jumps.append(SlotJump(p.name, opener == '"', lead + self.key_value_open(p, 2),
-                                  opener + (nexts[0].text if nexts else "")))
-        return jumps
-
-    def value_end(self) -> str:
-        scan, where = self.scan, self.scan.position
-        tool = self.by_name.get(scan.name or "")
-        if tool is None or where not in (CallPosition.ARG_STRING, CallPosition.ARG_VALUE):
-            return ""
-        nexts = self.after_value(tool, scan.stack[-1], "")
-        return ('"' if where is CallPosition.ARG_STRING else "") + (nexts[0].text if nexts else "")
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def pending_ws(self, punct: str, depth: int) -> str:
