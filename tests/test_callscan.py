@@ -133,6 +133,7 @@ def test_dates_and_times_the_request_names_are_drafted_as_iso_values_once_the_ye
     values = ValueSource("Add a meeting on December 15th at 2 PM. Also the 3rd of March 2022, at 9:30am")
     assert values.dates == [("2022", 3, 3), (None, 12, 15)] and values.times == ["09:30", "14:00"]
     assert "12-15 14:00:00" in values.date_endings("2023-")  # the year the target chose, the request's date
+    assert "-12-15 14:00:00" in values.date_endings("2023")  # from the year's last digit on
     assert values.date_endings("2023-12-15 1") == ["4:00:00", "4:00"]
     assert values.date_endings("20") == ["22-03-03 09:30:00", "22-03-03 14:00:00", "22-03-03", "22-03-03 09:30"]
     assert ValueSource("no dates here, 12 items").date_endings("2") == []
@@ -141,3 +142,40 @@ def test_dates_and_times_the_request_names_are_drafted_as_iso_values_once_the_ye
     scan.feed('{"name": "add", "arguments": {"time": "2023-12-')
     texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
     assert '15 14:00:00"}}' in texts
+
+
+def test_values_the_request_gives_an_argument_by_name_are_drafted_with_its_key():
+    values = ValueSource('My email is jane@example.com, username is JaneSmith, and password is pw1.\n'
+                         'The meeting topic is Sales Meeting. My account identifier is user4. My password is pw2.')
+    assert values.named("username") == ["JaneSmith"] and values.named("email") == ["jane@example.com"]
+    assert values.named("password") == ["pw2", "pw1"]  # latest mention first
+    assert values.named("meeting_topic") == ["Sales Meeting"] and values.named("account") == ["user4"]
+    assert values.named("token") == [] and ValueSource("").named("password") == []
+    tools = [Tool("login", parameters=(Param("username"), Param("password"), Param("remember", type="boolean")))]
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "login", "arguments": {"username": "JaneSmith"')
+    texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
+    assert ', "password": "' in texts and ', "password": "pw2"' in texts and ', "password": "pw1"' in texts
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "login", "arguments": {"username": "')  # the value not begun: the named guesses alone
+    assert [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)] == ['JaneSmith"']
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "login", "arguments": {"username": "x", "password": "y", "remember": ')
+    assert all("pw" not in c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values))
+
+
+def test_a_first_request_drafts_the_openers_closers_and_indentation_targets_are_known_to_write():
+    """Before a target has finished a request nothing of its habits is known: a dialect's opener may come after a
+    fence, other known openers are side branches, a newline after a brace is likeliest an indent of 2."""
+    scan = CallScanner(Habits().style)
+    scan.feed("```")
+    conts = {c.text: c.confidence for c in structure_continuations(scan, APIBANK_TOOLS, Habits(), "parameters",
+                                                                   ("<tool_call>\n",))}
+    assert '<tool_call>\n{"name": "' in conts and 'json\n{"name": "' in conts  # after the fence; ```json
+    scan.feed('<tool_call>\n{"name": "CancelRegistration", "parameters": {"appointment_id": "1"}}')
+    assert [c.text for c in structure_continuations(scan, APIBANK_TOOLS, Habits(), "parameters", ())] == [
+        "\n</tool_call>\n```"]  # both close, inside out
+    scan = CallScanner(Habits().style)
+    scan.feed("```json\n{\n")
+    conts = structure_continuations(scan, APIBANK_TOOLS, Habits(), "parameters", ("<tool_call>\n",))
+    assert conts[0].text == '  "name": "'

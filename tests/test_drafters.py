@@ -103,6 +103,10 @@ def test_drafts_spell_an_added_token_as_the_target_wrote_it(tokenizer):
     assert token_id not in enc.continue_after(written, f'{piece}\n{{"').tolist()
     enc.learn_spelling(as_token)
     assert enc.encode(text) == as_token and not enc.plain
+    # A closing tag not written yet (`</tool_call>` while the call is being written) is spelled as its opening tag.
+    enc.added["</repo_name>"] = token_id + 10_000
+    enc.learn_spelling(as_text)
+    assert enc.plain == {piece, "</repo_name>"}
 
 
 def test_retrieval_recalls_the_ids_the_target_wrote(tokenizer):

@@ -56,6 +56,7 @@ class SchemaDrafter(Drafter):
                                              if m.get("role") != "system" and isinstance(m.get("content"), str)))
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.reply: list[int] = []  # this request's ids: how the target spells added tokens (learn_spelling)
+        self.spelled = False  # spelling learned from this request's opener already
 
     def observe(self, produced: np.ndarray) -> None:
         if not self.active:
@@ -68,6 +69,10 @@ class SchemaDrafter(Drafter):
                 self._learn_from_finished(tok)
                 continue
             self.scanner.feed(self.utf8.decode(self.encoder.token_bytes(tok)))
+        if not self.spelled and self.scanner.opener is not None:
+            # The first call has begun: how its opener was spelled says how its closer will be, in this request.
+            self.spelled = True
+            self.encoder.learn_spelling(self.reply)
 
     def _learn_from_finished(self, eos_id: int) -> None:
         scan = self.scanner

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from oospec.tools.dialects import ARGS_KEYS, CLOSERS
+from oospec.tools.dialects import ARGS_KEYS, CALL_OPENERS, CLOSERS
 from oospec.tools.jsonscan import CLOSE, OPEN, STRING, STRING_END, STRING_START, JsonScanner
 from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import Param, Tool
@@ -42,6 +42,9 @@ class Habits:
         if self.closers:
             return [(c, True) for c in self.closers[:2]]
         default = CLOSERS.get(opener or "")
+        if default is None and opener and "```" in opener:  # a known opener inside a fence: both close
+            inner = CLOSERS.get(opener.rpartition("```")[2])
+            default = inner + "\n```" if inner is not None else None
         return [(default, False)] if default is not None else []
 
     def remember(self, items: list[str], value: str, keep: int = 3) -> None:
@@ -268,7 +271,8 @@ class _Continuations:
         self.style = habits.style
         self.args_key = scan.args_key or habits.args_key or default_args_key
         self.render = CallRenderer(self.style, self.args_key)
-        self.openers = habits.openers + [o for o in default_openers if o not in habits.openers]
+        self.openers = list(dict.fromkeys([*habits.openers, *default_openers, *CALL_OPENERS]))
+        self.dialect_openers = default_openers
         self.by_name = {t.name: t for t in tools}
 
     # -- text pieces -------------------------------------------------------------------------------------------
@@ -288,6 +292,16 @@ class _Continuations:
 
     def after_name(self, tool: Tool) -> str:
         return self.render.args_open() + self.args_body(tool)
+
+    def guessed(self, text: str, param: Param | None, confidence: float, end_of_turn: bool = False
+                ) -> list[Continuation]:
+        """`text`, which ends where `param`'s string value begins, and the same run on through each value the
+        request gives that argument by name ("my password is pass123"), closed: one forward for key and value."""
+        out = [Continuation(text, confidence, end_of_turn)]
+        if param is None or self.values is None or self.render.value_open(param) != '"':
+            return out
+        return out + [Continuation(text + value + '"', confidence * 0.5 / (1 + i))
+                      for i, value in enumerate(self.values.named(param.name)[:2])]
 
     def closings(self, confidence: float) -> list[Continuation]:
         """After the last brace: the target's usual closer and end of turn, if it has shown one."""
@@ -313,12 +327,19 @@ class _Continuations:
         written = self.scan.outside
         out = []
         if self.scan.calls_done == 0:
+            # What is written may be an opener begun, or one begun after a fence (Qwen2.5 writes ```<tool_call>).
+            fence = written.rfind("```")
+            begun = [(written, 1.0)] + ([(written[fence + 3 :], 0.5)] if fence >= 0 else [])
+            seen = set()
             for opener in self.openers:
                 full = opener + self.render.start()
-                if full.startswith(written) and len(full) > len(written):
-                    conf = 0.9 if opener in self.habits.openers else 0.4
-                    out.append(Continuation(full[len(written) :], conf))
-                    out += [Continuation(full[len(written) :] + c.text, c.confidence * conf) for c in self.names("")]
+                known = 0.9 if opener in self.habits.openers else 0.4 if opener in self.dialect_openers else 0.2
+                for head, weight in begun:
+                    rest = full[len(head) :]
+                    if full.startswith(head) and rest and rest not in seen:
+                        seen.add(rest)
+                        out.append(Continuation(rest, known * weight))
+                        out += [Continuation(rest + c.text, c.confidence * known * weight) for c in self.names("")]
             return out
         for closer, learned in self.habits.closers_after(self.scan.opener):
             if closer.startswith(written):
@@ -339,8 +360,9 @@ class _Continuations:
             return []
         if where is CallPosition.ARG_KEY:
             remaining = [p for p in tool.parameters if p.name not in frame.keys and p.name.startswith(prefix)]
-            return [Continuation(p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p),
-                                 0.9 if i == 0 else 0.3) for i, p in enumerate(remaining)]
+            return [c for i, p in enumerate(remaining) for c in self.guessed(
+                p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p), p,
+                0.9 if i == 0 else 0.3)]
         param = self.param(tool, frame.keys[-1] if frame.keys else "")
         nexts = self.after_value(tool, frame, "")[:2]
         first = likeliest(nexts) or [Continuation("", 1.0)]
@@ -348,8 +370,8 @@ class _Continuations:
             options = [str(v) for v in param.enum if isinstance(v, str) and str(v).startswith(prefix)]
             return [Continuation(v[len(prefix) :] + '"' + nxt.text, 0.6 * nxt.confidence, nxt.end_of_turn)
                     for v in options for nxt in first]
-        if not prefix:
-            return []
+        if not prefix:  # the value has not begun: what the request gives this argument by name
+            return self.guessed("", param, 0.9)[1:]
         out = []
         rests = self.values.endings(prefix) + self.values.date_endings(prefix) if self.values else []
         for i, rest in enumerate(dict.fromkeys(rests)):
@@ -366,7 +388,8 @@ class _Continuations:
         """The rest of each tool name that starts with `prefix`, through to the first argument's key."""
         names = [t for t in self.tools if t.name.startswith(prefix)]
         conf = 0.9 / max(1, len(names)) ** 0.5
-        return [Continuation(t.name[len(prefix) :] + '"' + self.after_name(t), conf) for t in names]
+        return [c for t in names for c in self.guessed(t.name[len(prefix) :] + '"' + self.after_name(t),
+                                                        t.parameters[0] if t.parameters else None, conf)]
 
     def in_call(self, frame: Frame, where: CallPosition) -> list[Continuation]:
         scan = self.scan
@@ -406,11 +429,11 @@ class _Continuations:
         if where is CallPosition.ARG_KEY_NEXT:
             remaining = [p for p in tool.parameters if p.name not in frame.keys]
             ws = self.pending_ws("{" if not frame.keys else ",", 2)
-            return [Continuation(ws + self.key_value_open(p, 2), 0.9 if i == 0 else 0.3)
-                    for i, p in enumerate(remaining[:3])]
+            return [c for i, p in enumerate(remaining[:3])
+                    for c in self.guessed(ws + self.key_value_open(p, 2), p, 0.9 if i == 0 else 0.3)]
         if where is CallPosition.ARG_COLON:
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
-            return [Continuation(":" + self.style.ws(":", 2) + self.render.value_open(param), 0.9)]
+            return self.guessed(":" + self.style.ws(":", 2) + self.render.value_open(param), param, 0.9)
         if where is CallPosition.ARG_VALUE:
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
             if self.scan.scalar:
@@ -422,7 +445,7 @@ class _Continuations:
             if param is not None and param.type == "boolean":
                 return [Continuation(self.pending_ws(":", 2) + w, 0.45) for w in ("true", "false")]
             return [Continuation(self.pending_ws(":", 2) + opener, 0.9)] if opener else []
-        return self.after_value(tool, frame, self.scan.ws)
+        return self.after_value(tool, frame, self.scan.ws, guesses=True)
 
     def number_rest(self, tool: Tool, frame: Frame, written: str) -> list[Continuation]:
         """Inside a number (or literal): the rest of a request number it begins, then what follows the value;
@@ -434,12 +457,16 @@ class _Continuations:
         end = 0.6 if "" in rests else 0.2
         return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in nexts]
 
-    def after_value(self, tool: Tool, frame: Frame, written_ws: str) -> list[Continuation]:
-        """After an argument's value: the next key in schema order, or the end of the call."""
+    def after_value(self, tool: Tool, frame: Frame, written_ws: str, guesses: bool = False) -> list[Continuation]:
+        """After an argument's value: the next key in schema order, or the end of the call; with `guesses`, also
+        each next key run on through the value the request gives it by name (see `guessed`), last."""
         remaining = [p for p in tool.parameters if p.name not in frame.keys]
         required_left = any(p.name in tool.required for p in remaining)
-        nexts = [Continuation("," + self.style.ws(",", 2) + self.key_value_open(p, 2), 0.8 if i == 0 else 0.25)
+        keyed = [self.guessed("," + self.style.ws(",", 2) + self.key_value_open(p, 2), p, 0.8 if i == 0 else 0.25)
                  for i, p in enumerate(remaining[:2])]
+        nexts = [k[0] for k in keyed]
+        if guesses:
+            return self.after_value(tool, frame, written_ws) + [c for k in keyed for c in k[1:]]
         close_text = self.render.close()
         close_text = close_text[len(written_ws) :] if close_text.startswith(written_ws) else close_text
         close = [Continuation(close_text, 0.85)] + [Continuation(close_text + c.text, c.confidence, True)
@@ -452,6 +479,8 @@ class _Continuations:
     def pending_ws(self, punct: str, depth: int) -> str:
         """The learned whitespace after `punct`, less what the target has already written of it."""
         want, have = self.style.ws(punct, depth), self.scan.ws
+        if not want.startswith(have) and have.startswith("\n") and not have.strip(" \n"):
+            want = "\n" + "  " * depth  # a newline where none was learned: pretty-printed, likeliest by 2 spaces
         return want[len(have) :] if want.startswith(have) else ""
 
     def pending_close(self, depth: int) -> str:

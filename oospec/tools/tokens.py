@@ -116,6 +116,9 @@ class ContinuationEncoder:
         for piece, token_id in self.added.items():
             if piece in text:
                 (plain.discard if token_id in written else plain.add)(piece)
+        for piece in self.added:  # a closing tag not written yet is spelled as its opening tag was
+            if piece.startswith("</") and piece not in text and "<" + piece[2:] in plain:
+                plain.add(piece)
         if plain != self.plain:
             self.plain = frozenset(plain)
             atomic = sorted((t for t in self.added if t not in self.plain), key=len, reverse=True)

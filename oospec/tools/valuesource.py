@@ -17,7 +17,14 @@ _MONTH_DAY = re.compile(rf"\b{_MONTH}\s+{_DAY}\b{_YEAR}", re.IGNORECASE)  # Apri
 _DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}{_YEAR}", re.IGNORECASE)  # 15th of April 2023
 _CLOCK = re.compile(r"\b(\d{1,2})(?::(\d{2}))?(?::(\d{2}))?\s*([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})(?::(\d{2}))?\b",
                     re.IGNORECASE)  # 2 PM, 2:30pm, 14:00, 14:00:00
-_ISO_YEAR = re.compile(r"^\d{4}(?=-)")
+_ISO_YEAR = re.compile(r"^\d{4}(?=-|$)")
+# "my password is pass123", "the meeting topic is Sales Meeting", "account identifier: user4", 'titled "Q3"':
+# up to two words between the argument's word and the verb; then a quoted value, or a word and the capitalized
+# words after it.
+_NAMED = r"\b{word}(?:\s+[a-z]+){{0,2}}?\s*(?:\bis\b|\bwas\b|\bare\b|:|=|\bcalled\b|\btitled\b|\bnamed\b)\s*"
+_WORD = r'[^\s,;?!()"<>.]+(?:\.[^\s,;?!()"<>.]+)*'  # dots only inside (an email, 1.5), not a sentence's end
+_CAPITALIZED = r'[A-Z0-9][^\s,;?!()"<>.]*(?:\.[^\s,;?!()"<>.]+)*'  # Sales Meeting, Room A
+_NAMED_VALUE = re.compile(rf'"([^"\n]{{1,80}})"|({_WORD}(?:[ ]+{_CAPITALIZED})*)')
 
 
 class ValueSource:
@@ -104,6 +111,23 @@ class ValueSource:
     @cached_property
     def years(self) -> list[str]:
         return list(dict.fromkeys(reversed(re.findall(r"\b(?:19|20)\d{2}\b", self.text))))
+
+    def named(self, argument: str) -> list[str]:
+        """Values the request gives the argument by name ("my password is pass123" for `password`, "the meeting
+        topic is Sales Meeting" for `meeting_topic`), latest mention first: guesses for a value not begun."""
+        words = [w.lower() for w in re.findall(r"[A-Za-z][a-z]*|[A-Z]+(?![a-z])", argument) if len(w) >= 3]
+        if not words or not self.text:
+            return []
+        found: list[tuple[int, str]] = []
+        for word in dict.fromkeys([words[-1], words[0]]):
+            for m in re.finditer(_NAMED.format(word=re.escape(word)), self.text, re.IGNORECASE):
+                value = _NAMED_VALUE.match(self.text, m.end())
+                if value is not None:
+                    text = value.group(1) or value.group(2).rstrip(self._TRAILING)
+                    if text:
+                        found.append((m.start(), text))
+        found.sort(key=lambda f: -f[0])
+        return list(dict.fromkeys(text for _, text in found))[: self.max_spans]
 
     def is_span(self, prefix: str) -> bool:
         """`prefix` is a whole span of the request: it starts a word there and a word ends with it."""
