@@ -5,6 +5,11 @@ checked identical to the first method's.
 
     python experiments/drafts_validation.py --dataset apibank:1
     python experiments/drafts_validation.py --dataset bfcl
+    python experiments/drafts_validation.py --dataset bfcl --fresh-drafter   # as a one-shot process drafts
+
+One drafter serves the items in order by default, as in `oospec bench run` and a server (its habits, the
+target's openers, closers and whitespace, are learned from the first reply); `--fresh-drafter` starts a new one
+for every item, as a one-shot `oospec generate` does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ VALIDATION_ITEMS = {
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="apibank:1", choices=sorted(VALIDATION_ITEMS))
+    ap.add_argument("--fresh-drafter", action="store_true", help="a new drafter for every item (nothing learned)")
     args = ap.parse_args()
     engine = oospec.Engine.from_pretrained("qwen2.5-coder-1.5b", dtype="auto")
     wanted = VALIDATION_ITEMS[args.dataset]
@@ -35,6 +41,8 @@ def main() -> None:
         prompt = engine.encode(sample.messages, sample.chat_tools())
         first = None
         for name, drafter in methods.items():
+            if args.fresh_drafter:
+                drafter = make_drafter(name.split()[0])
             request = sample.request(prompt_ids=prompt, max_new_tokens=128, budget=16)
             result = engine.generate(request, drafter=drafter)
             first = result.tokens.tolist() if first is None else first

@@ -3,6 +3,8 @@ target on the cores they share; every quantity measured as requests are served."
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from sidecar_fakes import InstantSidecar
@@ -183,3 +185,32 @@ def test_job_times_outlive_the_process_so_a_fresh_one_does_not_explore_again(tmp
     assert SidecarSchedule(speed_key="cpu A | sidecar x").job.obs == [(600.0, 8.0)]
     record.write_text("not json")
     assert SidecarSchedule(speed_key="cpu A | sidecar x").job.obs == []
+
+
+class LateCpuSidecar(CpuSidecar):
+    """Answers only once the test says the job is done: after the request that sent it has ended."""
+
+    answered = False
+
+    def poll(self, ticket):
+        payload = super().poll(ticket)
+        return replace(payload, compute_s=2.5) if self.answered else None
+
+
+def test_a_job_answered_after_its_request_is_timed_by_settle_so_the_next_request_does_not_explore_again():
+    """A benchmark's warm-up sends the exploring job and ends before its answer; settle() waits for it and times it
+    once, so the first measured item is decided by the cost model instead of exploring again."""
+    sidecar = LateCpuSidecar([Guess("get_weather", {"city": "Paris", "days": 3})])
+    drafter = OoOSpecDrafter(sidecar)
+    inner = drafter.sidecar_drafter
+    inner.plan.explore = 1
+    _serve(drafter, 650, 0)
+    assert inner.report.schedule["why"] == "exploring" and not inner.plan.job.obs
+    inner.settle(timeout_s=0.05)  # no answer yet: it gives up, nothing timed
+    assert not inner.plan.job.obs
+    sidecar.answered = True
+    inner.settle()
+    inner.settle()  # timed once
+    assert inner.plan.job.obs == [(650.0, 2.5)] and inner.report.compute_s == 2.5
+    _serve(drafter, 650, 5000)
+    assert inner.report.schedule["why"] != "exploring"

@@ -118,6 +118,10 @@ class BenchMethod:
     def run(self, sample, prompt_ids: np.ndarray, reference: Reference | None, max_new_tokens: int) -> Run:
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """After the warm-up: wait for work the method left running (a sidecar's job), so that none of it runs
+        into the measured items."""
+
     def close(self) -> None:
         pass
 
@@ -222,6 +226,10 @@ class SidecarMethod(EngineMethod):
         options = {"wait_s": self.wait_s} if self.wait_s else {}
         return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, plan=self.plan,
                             **options)
+
+    def settle(self) -> None:
+        # The warm-up's job is this schedule's first (exploring) one: timed here, it is not explored again.
+        getattr(self.drafter, "sidecar_drafter", self.drafter).settle()
 
     def start_session(self, reuse_prefixes: bool) -> None:
         super().start_session(reuse_prefixes)

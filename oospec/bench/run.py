@@ -138,12 +138,13 @@ def _run_one(m: BenchMethod, sample, prompt_ids, reference: Reference | None, ma
 
 def _warm_up(methods: list[BenchMethod], sample, engine) -> None:
     """One short generation per method, not recorded, with throwaway state (first-call overheads: allocator,
-    kernels, tokenizer caches)."""
+    kernels, tokenizer caches), then whatever it left running finished (BenchMethod.settle)."""
     prompt_ids = engine.encode(sample.messages, sample.chat_tools())
     reference = None
     for m in methods:
         m.start()
         run = _run_one(m, sample, prompt_ids, reference, min(16, m.shared.cfg.max_new_tokens))
+        m.settle()
         reference = reference or Reference(run.tokens, run.stats["prefill_s"])
 
 
