@@ -225,9 +225,7 @@ class SidecarDrafter(Drafter):
             if getattr(ticket, "fault", None) is not None or time.monotonic() >= deadline:
                 return
             time.sleep(0.02)
-        self.report.compute_s = payload.compute_s
-        if payload.compute_s is not None:
-            self.plan.job_done(self._job_tokens, payload.compute_s)
+        self._record_arrival(payload, tokens_written=None)  # as finish() records an answer that came too late
 
     def idle_threads(self) -> int:
         # A client that cannot say (a test double with submit/poll only) lends nothing.

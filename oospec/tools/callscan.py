@@ -293,11 +293,10 @@ class _Continuations:
     def after_name(self, tool: Tool) -> str:
         return self.render.args_open() + self.args_body(tool)
 
-    def guessed(self, text: str, param: Param | None, confidence: float, end_of_turn: bool = False
-                ) -> list[Continuation]:
+    def guessed(self, text: str, param: Param | None, confidence: float) -> list[Continuation]:
         """`text`, which ends where `param`'s string value begins, and the same run on through each value the
         request gives that argument by name ("my password is pass123"), closed: one forward for key and value."""
-        out = [Continuation(text, confidence, end_of_turn)]
+        out = [Continuation(text, confidence)]
         if param is None or self.values is None or self.render.value_open(param) != '"':
             return out
         return out + [Continuation(text + value + '"', confidence * 0.5 / (1 + i))
@@ -465,15 +464,14 @@ class _Continuations:
         keyed = [self.guessed("," + self.style.ws(",", 2) + self.key_value_open(p, 2), p, 0.8 if i == 0 else 0.25)
                  for i, p in enumerate(remaining[:2])]
         nexts = [k[0] for k in keyed]
-        if guesses:
-            return self.after_value(tool, frame, written_ws) + [c for k in keyed for c in k[1:]]
+        extra = [c for k in keyed for c in k[1:]] if guesses else []
         close_text = self.render.close()
         close_text = close_text[len(written_ws) :] if close_text.startswith(written_ws) else close_text
         close = [Continuation(close_text, 0.85)] + [Continuation(close_text + c.text, c.confidence, True)
                                                     for c in self.closings(0.85)]
         if not remaining:
             return close
-        return nexts + close if required_left or not tool.required else nexts[:1] + close + nexts[1:]
+        return (nexts + close if required_left or not tool.required else nexts[:1] + close + nexts[1:]) + extra
 
     # -- helpers -----------------------------------------------------------------------------------------------
     def pending_ws(self, punct: str, depth: int) -> str:

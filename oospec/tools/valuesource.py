@@ -38,6 +38,7 @@ class ValueSource:
         self.text = text
         self.max_spans = max_spans
         self.max_words = max_words
+        self._named: dict[str, list[str]] = {}  # argument -> named(argument): asked at every step of a call
 
     def endings(self, prefix: str) -> list[str]:
         """Rests of request spans that begin with `prefix` at a word start, latest mention first, ending after
@@ -115,6 +116,11 @@ class ValueSource:
     def named(self, argument: str) -> list[str]:
         """Values the request gives the argument by name ("my password is pass123" for `password`, "the meeting
         topic is Sales Meeting" for `meeting_topic`), latest mention first: guesses for a value not begun."""
+        if argument not in self._named:
+            self._named[argument] = self._find_named(argument)
+        return self._named[argument]
+
+    def _find_named(self, argument: str) -> list[str]:
         words = [w.lower() for w in re.findall(r"[A-Za-z][a-z]*|[A-Z]+(?![a-z])", argument) if len(w) >= 3]
         if not words or not self.text:
             return []
