@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: venv demo test test-slow bench-cost-curve clean vllm-env vllm-suffix test-vllm
+.PHONY: venv demo test test-slow test-gpu bench-cost-curve clean vllm-env vllm-suffix test-vllm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ test: venv
 
 test-slow: venv
 	$(PY) -m pytest -q -m slow
+
+test-gpu: venv  # a CUDA GPU and Triton (tests/test_cuda.py)
+	$(PY) -m pytest -q -m gpu
 
 bench-cost-curve: venv
 	$(VENV)/bin/oospec bench cost-curve --model qwen2.5-coder-1.5b --out runs/cost-curve.json

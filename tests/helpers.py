@@ -176,3 +176,46 @@ def request_by_id(item_id: str, called=()):
     from oospec.sidecar.provenance import Request
 
     return Request(item_id, [], [], frozenset(called))
+
+
+def tree_mask(tree, start: int, rows: int) -> torch.Tensor:
+    """TargetBackend's (1, 1, rows, start+rows) float32 mask of a verification forward over `tree`."""
+    from oospec.engine.target import TargetBackend
+
+    target = TargetBackend.__new__(TargetBackend)
+    target.dtype, target.device, target._neg = torch.float32, torch.device("cpu"), torch.finfo(torch.float32).min
+    return target._tree_mask(tree, start, rows)
+
+
+def tiny_tokenizer():
+    """A byte-level BPE tokenizer trained here. (transformers 5 reloads a qwen2 folder's tokenizer as
+    Qwen2Tokenizer, rebuilt from vocab and merges, so it has to be a byte-level BPE to round-trip.)"""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    backend.train_from_iterator(["hello world", "user assistant system", "the quick brown fox"] * 10, trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_tiny_qwen2(folder: Path, hidden_size: int = 32) -> Path:
+    """A tiny random qwen2 with its tokenizer and chat template, saved as a Hugging Face folder (4 heads)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        vocab_size=300, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True,
+        eos_token_id=2, pad_token_id=0,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(folder, safe_serialization=True)
+    tiny_tokenizer().save_pretrained(folder)
+    return folder

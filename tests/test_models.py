@@ -7,7 +7,7 @@ import re
 
 import pytest
 import torch
-from helpers import CHAT_TEMPLATE
+from helpers import save_tiny_qwen2
 
 from oospec.errors import ModelIntegrityError, ModelNotFoundError, OospecError
 from oospec.models.loading import load_model, load_tokenizer
@@ -67,38 +67,9 @@ def test_model_spec_is_frozen_and_validated():
 # --------------------------------------------------------------------------------------------- load
 
 
-def _tiny_tokenizer():
-    """A byte-level BPE tokenizer trained here. (transformers 5 reloads a qwen2 folder's tokenizer as
-    Qwen2Tokenizer, rebuilt from vocab and merges, so it has to be a byte-level BPE to round-trip.)"""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
-    )
-    backend.train_from_iterator(["hello world", "user assistant system", "the quick brown fox"] * 10, trainer)
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
 @pytest.fixture
 def tiny_qwen2_dir(tmp_path):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=128, tie_word_embeddings=True, eos_token_id=2, pad_token_id=0,
-    )
-    folder = tmp_path / "tiny-qwen2"
-    Qwen2ForCausalLM(config).save_pretrained(folder, safe_serialization=True)
-    _tiny_tokenizer().save_pretrained(folder)
-    return folder
+    return save_tiny_qwen2(tmp_path / "tiny-qwen2")
 
 
 def test_load_model_tiny_qwen2(tiny_qwen2_dir):

@@ -124,10 +124,13 @@ def add_runtime_options(p: argparse.ArgumentParser, model_default: str = DEFAULT
     p.add_argument("--model", "--target", dest="model", default=model_default, metavar="MODEL",
                    help=f"target model: a known name ({', '.join(KNOWN_MODELS)}) or a local Hugging Face folder")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA; on a CPU bfloat16 where it is native and a probe finds the forward row-invariant, else float32")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA (padded row-invariant forward, probed at load); on a CPU bfloat16 where it "
+                        "is native and a probe finds the forward row-invariant, else float32")
     add_threads_option(p, "--target-threads", what="the target",
                        default_text="all cores, less the sidecar's while one runs on the CPU")
-    p.add_argument("--no-optimize", action="store_true", help="keep the stock transformers kernels")
+    p.add_argument("--no-optimize", action="store_true",
+                   help="keep the stock transformers kernels (not row-invariant: speculative output may then differ "
+                        "from plain greedy output)")
 
 
 def add_threads_option(p: argparse.ArgumentParser, *aliases: str, what: str = "torch",

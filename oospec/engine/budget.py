@@ -31,6 +31,12 @@ CPU_CURVES = {
     ("bfloat16", 1): {1: 1.0, 2: 1.04, 4: 1.16, 8: 1.43, 12: 1.74, 16: 2.14, 24: 3.14, 32: 4.09},
 }
 
+# c(k)/c(1) of the padded invariant forward on a GPU (oospec.engine.padded: every forward holds 64 rows, so the
+# curve is nearly flat by construction), measured on an NVIDIA H200 in bfloat16 with random-initialised
+# Qwen2.5-0.5B/1.5B/7B-shaped models, 650-token cached prompt, median of 9 (tests/gpu_check.py,
+# experiments/results/gpu-h200/); per k the largest of the three (7B at 64).
+GPU_PADDED_CURVE = {1: 1.0, 16: 1.02, 64: 1.83}
+
 
 @dataclass(frozen=True)
 class CostModel:

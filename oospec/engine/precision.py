@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oospec.engine import padded
 from oospec.engine.invariant import STEP_ROWS, install
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import ROOT, TokenTree
@@ -106,11 +107,40 @@ def _verdict_key(folder: Path) -> str:
     return f"{cpu_model()} | {platform.machine()} | torch {torch.__version__} | kernels {build_key()} | model {model}"
 
 
+# The probe's prompt on an accelerator: longer than one block of the row-wise attention (oospec.engine.padded),
+# so the trees start inside a block rather than at its edge.
+PADDED_PROBE_PROMPT = 100
+
+
 def prepare(model, optimize: bool = True) -> dict:
-    """The target's CPU kernels: the invariant forward (`oospec.engine.invariant.install`) where supported."""
+    """The target's invariant forward where supported: the CPU kernels (`oospec.engine.invariant.install`),
+    on CUDA padded forwards with row-wise attention (`oospec.engine.padded.install`)."""
     if not optimize:
         return {"applied": False, "reason": "optimize=False", "kernels": None}
+    if next(model.parameters()).device.type != "cpu":
+        return padded.install(model)
     return install(model)
+
+
+def _load_accelerator(name_or_path, dtype: str, device: str, optimize: bool, say):
+    """An accelerator's target (`dtype="auto"`: bfloat16) with the padded invariant forward, probed bitwise on
+    this device; a forward that is not invariant (or could not be made so) is said in a BatchVarianceWarning."""
+    from oospec.models.cpu_features import auto_dtype
+    from oospec.models.loading import BatchVarianceWarning, load_model
+
+    model, tokenizer = load_model(name_or_path, dtype=auto_dtype(device) if dtype == "auto" else dtype, device=device)
+    report = prepare(model, optimize)
+    if report["applied"]:
+        result = probe(model, prompt_len=PADDED_PROBE_PROMPT)
+        note = f"{report['kernels']}: {result.detail}"
+    else:
+        result, note = ProbeResult(False, report["reason"]), f"no invariant forward ({report['reason']})"
+    if not result.invariant:
+        warnings.warn(f"the target's forward on {device} is not row-invariant ({result.detail}): speculative output "
+                      "can differ from plain greedy decoding here", BatchVarianceWarning, stacklevel=3)
+    if dtype == "auto":
+        say(f"--dtype auto: {model.dtype} on {device}; {note}")
+    return model, tokenizer, note
 
 
 def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optimize: bool = True, say=None):
@@ -123,7 +153,9 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
     from oospec.models.provision import oospec_home, read_record, resolve_model_path, write_record
 
     say = say or (lambda line: print(line, file=sys.stderr))
-    if dtype != "auto" or not str(device).startswith("cpu"):
+    if not str(device).startswith("cpu"):
+        return _load_accelerator(name_or_path, dtype, device, optimize, say)
+    if dtype != "auto":
         model, tokenizer = load_model(name_or_path, dtype=dtype if dtype != "auto" else auto_dtype(device), device=device)
         report = prepare(model, optimize)
         if dtype == "bfloat16" and str(device).startswith("cpu") and native_bf16() and not report["applied"]:

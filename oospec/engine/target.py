@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from oospec.engine.budget import CostModel, default_cost_model
+from oospec.engine.budget import GPU_PADDED_CURVE, CostModel, default_cost_model
 from oospec.engine.tree import TokenTree
 
 
@@ -118,10 +118,15 @@ class TargetBackend:
         # stay within it, so every verification row is computed as a 1-row decode would compute it.
         invariant = getattr(model, "oospec_invariant", None)
         self.max_tree_nodes = invariant["step_rows"] - 1 if invariant else None
+        # On accelerators (oospec.engine.padded) every decode and verification forward holds step_rows rows.
+        self.step_rows = invariant["step_rows"] if invariant and invariant.get("padded") else None
 
     def cost_model(self, threads: int | None = None) -> CostModel:
         """c(k)/c(1) of this target's verification forwards: the measured curve of its device, dtype and
-        `threads` (None: the thread count in use now)."""
+        `threads` (None: the thread count in use now); for padded forwards, whose shape never changes, the
+        GPU's measured curve (nearly flat)."""
+        if self.step_rows:
+            return CostModel.from_curve(GPU_PADDED_CURVE)
         return default_cost_model(self.dtype, self.device.type, threads)
 
     @property
@@ -131,6 +136,8 @@ class TargetBackend:
 
     def reset(self, capacity: int) -> None:
         """Start a new request whose prompt, output and largest tree fit in `capacity` slots."""
+        if self.step_rows:
+            capacity += self.step_rows  # a padded forward writes step_rows slots, whatever the tree
         if self._layers and self._layers[0].capacity >= capacity:
             for layer in self._layers:
                 layer.length = 0  # buffers stay: everything past `length` is overwritten before it is read
@@ -187,23 +194,28 @@ class TargetBackend:
     def verify_outputs(self, pending: int, tree: TokenTree, hidden_states: bool = False):
         """The model's output of one verification forward (hidden_states: after every layer as well)."""
         q = len(tree) + 1
+        rows = max(q, self.step_rows or 0)  # padding rows repeat the pending token and see only the prefix
         start = self.length
-        tokens = np.empty(q, dtype=np.int64)
-        tokens[0] = pending
-        tokens[1:] = tree.tokens
-        positions = np.empty(q, dtype=np.int64)
-        positions[0] = start
-        positions[1:] = start + tree.depths
-        ids = torch.from_numpy(tokens).to(self.device).view(1, q)
-        pos = torch.from_numpy(positions).to(self.device).view(1, q)
+        tokens = np.full(rows, pending, dtype=np.int64)
+        tokens[1:q] = tree.tokens
+        positions = np.full(rows, start, dtype=np.int64)
+        positions[1:q] = start + tree.depths
+        ids = torch.from_numpy(tokens).to(self.device).view(1, rows)
+        pos = torch.from_numpy(positions).to(self.device).view(1, rows)
+        mask = self._tree_mask(tree, start, rows)
+        mask.oospec_real_rows = q  # padded attention computes only these (oospec.engine.padded)
         out = self.model(
             input_ids=ids,
             position_ids=pos,
-            attention_mask=self._tree_mask(tree, start),
+            attention_mask=mask,
             use_cache=True,
             output_hidden_states=hidden_states,
             **cache_arg(self._cache),
         )
+        if rows > q:
+            out.logits = out.logits[:, :q]
+            if hidden_states:
+                out.hidden_states = tuple(h[:, :q] for h in out.hidden_states)
         return out
 
     @torch.inference_mode()
@@ -244,10 +256,14 @@ class TargetBackend:
         for layer in self._layers:
             layer.keep(rows, count)
 
-    def _tree_mask(self, tree: TokenTree, start: int) -> torch.Tensor:
-        """(1, 1, q, start+q) additive mask: the whole cached prefix, then each node's ancestors and itself."""
+    def _tree_mask(self, tree: TokenTree, start: int, rows: int) -> torch.Tensor:
+        """(1, 1, rows, start+rows) additive mask: the whole cached prefix, then each node's ancestors and itself;
+        rows past the tree's (padding) see the prefix only."""
         q = len(tree) + 1
-        mask = torch.zeros((1, 1, q, start + q), dtype=self.dtype)
+        mask = torch.zeros((1, 1, rows, start + rows), dtype=self.dtype)
+        if rows > q:
+            mask[0, 0, q:, start:] = self._neg
+            mask[0, 0, :q, start + q:] = self._neg
         if q > 1:
-            mask[0, 0, :, start:].masked_fill_(torch.from_numpy(~tree.ancestor_mask()), self._neg)
+            mask[0, 0, :q, start : start + q].masked_fill_(torch.from_numpy(~tree.ancestor_mask()), self._neg)
         return mask.to(self.device)
