@@ -77,7 +77,8 @@ def speed(target: TargetBackend, prompt: np.ndarray, new: int, budgets: tuple[in
         stats = out.stats
         result[f"oracle_b{budget}"] = {"tau": round(stats.tau, 2), "decode_s": round(stats.decode_s, 4),
                                        "draft_s": round(stats.draft_s, 4),
-                                       "ms_per_forward": round(1000 * stats.decode_s / max(stats.target_forwards - 1, 1), 3),
+                                       "ms_per_forward": round(1000 * stats.decode_s / max(stats.target_forwards - 1, 1),
+                                                               3),
                                        "decode_speedup": round(plain.stats.decode_s / stats.decode_s, 2)}
     return result
 

@@ -4,7 +4,8 @@ import json
 
 from helpers import APIBANK_TOOLS
 
-from oospec.tools.callscan import CallPosition, CallScanner, Habits, structure_continuations
+from oospec.tools.callscan import CallPosition, CallScanner, Habits
+from oospec.tools.continuations import structure_continuations
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Param, Tool
 from oospec.tools.valuesource import ValueSource
@@ -142,6 +143,29 @@ def test_dates_and_times_the_request_names_are_drafted_as_iso_values_once_the_ye
     scan.feed('{"name": "add", "arguments": {"time": "2023-12-')
     texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
     assert '15 14:00:00"}}' in texts
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "add", "arguments": {"time": "2')  # begun with a digit: the ISO date before the spans
+    best = max(structure_continuations(scan, tools, Habits(), "arguments", (), values), key=lambda c: c.confidence)
+    assert best.text == '022-03-03 09:30:00"}}'
+
+
+def test_an_array_of_strings_is_drafted_item_by_item_from_the_request():
+    tools = [Tool("meet", parameters=(Param("attendees", type="array", items=Param("", type="string")),
+                                      Param("room"))),
+             Tool("rooms", parameters=(Param("ids", type="array", items=Param("", type="integer")),))]
+    values = ValueSource("a meeting with John Smith and Jane Doe in Room A")
+
+    def texts(written, call='{"name": "meet", "arguments": {"attendees": ['):
+        scan = CallScanner(Habits().style)
+        scan.feed(call + written)
+        conts = structure_continuations(scan, tools, Habits(), "arguments", (), values)
+        return [c.text for c in sorted(conts, key=lambda c: -c.confidence)]
+
+    assert texts("") == ['"']
+    assert {' Smith", "', ' Smith"], "room": "'} <= set(texts('"John')[:4])  # the span, then an item or the end
+    assert set(texts('"John Smith"')) == {', "', '], "room": "'}
+    assert set(texts('"Qx')) == {'", "', '"], "room": "'}  # nothing of the request: only the item's end
+    assert texts("1, ", '{"name": "rooms", "arguments": {"ids": [') == []  # an array of numbers: nothing
 
 
 def test_values_the_request_gives_an_argument_by_name_are_drafted_with_its_key():

@@ -5,7 +5,7 @@ token is right with probability `confidence`, each further token with probabilit
 before. The numbers are set by hand from benchmark traces (API-Bank, BFCL on Qwen2.5-Coder and SmolLM2); they
 only decide which nodes the token tree keeps (oospec.engine.budget), never the output, which the target
 verifies. The schema drafter's per-structure confidences live beside the structures themselves
-(oospec.tools.callscan).
+(oospec.tools.continuations).
 """
 
 from __future__ import annotations

@@ -13,7 +13,8 @@ import numpy as np
 
 from oospec.drafters.priors import ACCEPTANCE
 from oospec.engine.drafting import Candidate, Drafter, Request
-from oospec.tools.callscan import CallScanner, Continuation, Habits, structure_continuations
+from oospec.tools.callscan import CallScanner, Habits
+from oospec.tools.continuations import Continuation, structure_continuations
 from oospec.tools.dialects import DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes

@@ -1,12 +1,9 @@
-"""Follow a JSON tool call as the target writes it, and say which text the schema forces next.
+"""Follow a JSON tool call as the target writes it.
 
 `CallScanner` consumes the target's output text a character at a time (incrementally, never re-reading) and
 tracks where it is: outside a call, in the function name, in a key, in a value, between arguments. Where strings
-and brackets open and close it takes from the one JSON scanner (`tools/jsonscan.py`).
-`structure_continuations` then lists the text that may come next when the schema leaves only a few
-choices (openers, `"name"`, tool names, the arguments key, key names in schema order, quotes, braces,
-closers), each with a confidence. Values are left to the value drafters (prompt lookup, retrieval,
-sidecar hints).
+and brackets open and close it takes from the one JSON scanner (`tools/jsonscan.py`). What the schema makes
+likely next from there is `oospec.tools.continuations`.
 
 Whitespace is learned, not assumed: the scanner records what the target writes after `{`, `,`, `:` and
 before `}` at each depth, so a target that pretty-prints gets pretty-printed drafts.
@@ -14,15 +11,12 @@ before `}` at each depth, so a target that pretty-prints gets pretty-printed dra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 
-from oospec.tools.dialects import ARGS_KEYS, CALL_OPENERS, CLOSERS
+from oospec.tools.dialects import ARGS_KEYS, CLOSERS
 from oospec.tools.jsonscan import CLOSE, OPEN, STRING, STRING_END, STRING_START, JsonScanner
-from oospec.tools.render import CallRenderer, Style
-from oospec.tools.schema import Param, Tool
-from oospec.tools.valuesource import ValueSource
+from oospec.tools.render import Style
 
 
 @dataclass
@@ -92,9 +86,9 @@ _IN_ARGUMENTS = frozenset({CallPosition.ARG_KEY_NEXT, CallPosition.ARG_KEY, Call
                            CallPosition.ARG_VALUE, CallPosition.ARG_STRING, CallPosition.ARG_NESTED,
                            CallPosition.ARG_VALUE_DONE})
 # A frame's `expect` to the position it stands for, in the call object and at the top of its arguments.
-_CALL_EXPECT = {"key": CallPosition.CALL_KEY_NEXT, "colon": CallPosition.CALL_COLON,
+CALL_EXPECT = {"key": CallPosition.CALL_KEY_NEXT, "colon": CallPosition.CALL_COLON,
                 "value": CallPosition.CALL_VALUE_NEXT, "comma": CallPosition.CALL_VALUE_DONE}
-_ARGS_EXPECT = {"key": CallPosition.ARG_KEY_NEXT, "colon": CallPosition.ARG_COLON,
+ARGS_EXPECT = {"key": CallPosition.ARG_KEY_NEXT, "colon": CallPosition.ARG_COLON,
                 "value": CallPosition.ARG_VALUE, "comma": CallPosition.ARG_VALUE_DONE}
 _CALL_STRINGS = {"name": CallPosition.NAME, "key": CallPosition.CALL_KEY}  # a string's role in the call object
 
@@ -135,7 +129,7 @@ class CallScanner:
             return CallPosition.OUTSIDE
         if len(stack) == 1:
             if not self.in_string:
-                return _CALL_EXPECT[stack[0].expect]
+                return CALL_EXPECT[stack[0].expect]
             return _CALL_STRINGS.get(self.string_role, CallPosition.OTHER)
         if stack[1].role != "args":
             return CallPosition.OTHER
@@ -143,7 +137,7 @@ class CallScanner:
             return CallPosition.ARG_NESTED
         if self.in_string:
             return CallPosition.ARG_KEY if self.string_role == "key" else CallPosition.ARG_STRING
-        return _ARGS_EXPECT[stack[1].expect]
+        return ARGS_EXPECT[stack[1].expect]
 
     def feed(self, text: str) -> None:
         for ch in text:
@@ -239,252 +233,3 @@ class CallScanner:
     def _end_scalar(self) -> None:
         self.scalar = ""
         self.stack[-1].expect = "comma"
-
-
-@dataclass(frozen=True)
-class Continuation:
-    text: str
-    confidence: float  # rough chance the target writes all of it
-    end_of_turn: bool = False  # the target's end-of-turn token follows the text
-
-
-def structure_continuations(
-    scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str],
-    values: ValueSource | None = None,
-) -> list[Continuation]:
-    """The text the schema makes likely next, most likely first; [] where only values can follow."""
-    return _Continuations(scan, tools, habits, default_args_key, default_openers, values).continuations()
-
-
-def likeliest(nexts: list[Continuation]) -> list[Continuation]:
-    """The likeliest continuation, with the next ones that only lengthen it (the close, then the closer and the
-    end of turn): one branch of the tree holds them all."""
-    if not nexts:
-        return []
-    return [nexts[0]] + [c for c in nexts[1:] if c.text.startswith(nexts[0].text)]
-
-
-class _Continuations:
-    def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None):
-        self.values = values
-        self.scan, self.tools, self.habits = scan, tools, habits
-        self.style = habits.style
-        self.args_key = scan.args_key or habits.args_key or default_args_key
-        self.render = CallRenderer(self.style, self.args_key)
-        self.openers = list(dict.fromkeys([*habits.openers, *default_openers, *CALL_OPENERS]))
-        self.dialect_openers = default_openers
-        self.by_name = {t.name: t for t in tools}
-
-    # -- text pieces -------------------------------------------------------------------------------------------
-    def key_value_open(self, param: Param, depth: int) -> str:
-        return self.render.key(param.name, depth) + self.render.value_open(param)
-
-    def args_body(self, tool: Tool) -> str:
-        """From just after the arguments' `{`: the first key, or the closing braces if there are none."""
-        if tool.parameters:
-            return self.style.ws("{", 2) + self.key_value_open(tool.parameters[0], 2)
-        return self.render.close()
-
-    def args_rest(self) -> str:
-        """After the arguments' `{` of the named function: its first key (nothing while no name is known)."""
-        tool = self.by_name.get(self.scan.name or "")
-        return self.args_body(tool) if tool is not None else ""
-
-    def after_name(self, tool: Tool) -> str:
-        return self.render.args_open() + self.args_body(tool)
-
-    def guessed(self, text: str, param: Param | None, confidence: float) -> list[Continuation]:
-        """`text`, which ends where `param`'s string value begins, and the same run on through each value the
-        request gives that argument by name ("my password is pass123"), closed: one forward for key and value."""
-        out = [Continuation(text, confidence)]
-        if param is None or self.values is None or self.render.value_open(param) != '"':
-            return out
-        return out + [Continuation(text + value + '"', confidence * 0.5 / (1 + i))
-                      for i, value in enumerate(self.values.named(param.name)[:2])]
-
-    def closings(self, confidence: float) -> list[Continuation]:
-        """After the last brace: the target's usual closer and end of turn, if it has shown one."""
-        return [Continuation(closer, confidence * (0.8 if learned else 0.5), True)
-                for closer, learned in self.habits.closers_after(self.scan.opener)]
-
-    # -- states ------------------------------------------------------------------------------------------------
-    def continuations(self) -> list[Continuation]:
-        scan = self.scan
-        where = scan.position
-        if where is CallPosition.OUTSIDE:
-            return self.outside()
-        frame = scan.stack[-1]
-        if where in (CallPosition.NAME, CallPosition.CALL_KEY, CallPosition.ARG_KEY, CallPosition.ARG_STRING):
-            return self.in_string(frame, where)
-        if where in _CALL_EXPECT.values():
-            return self.in_call(frame, where)
-        if where in _ARGS_EXPECT.values():
-            return self.in_args(frame, where)
-        return []  # nested in a value, or where the schema says nothing
-
-    def outside(self) -> list[Continuation]:
-        written = self.scan.outside
-        out = []
-        if self.scan.calls_done == 0:
-            # What is written may be an opener begun, or one begun after a fence (Qwen2.5 writes ```<tool_call>).
-            fence = written.rfind("```")
-            begun = [(written, 1.0)] + ([(written[fence + 3 :], 0.5)] if fence >= 0 else [])
-            seen = set()
-            for opener in self.openers:
-                full = opener + self.render.start()
-                known = 0.9 if opener in self.habits.openers else 0.4 if opener in self.dialect_openers else 0.2
-                for head, weight in begun:
-                    rest = full[len(head) :]
-                    if full.startswith(head) and rest and rest not in seen:
-                        seen.add(rest)
-                        out.append(Continuation(rest, known * weight))
-                        out += [Continuation(rest + c.text, c.confidence * known * weight) for c in self.names("")]
-            return out
-        for closer, learned in self.habits.closers_after(self.scan.opener):
-            if closer.startswith(written):
-                out.append(Continuation(closer[len(written) :], 0.8 if learned else 0.5, True))
-        return out
-
-    def in_string(self, frame: Frame, where: CallPosition) -> list[Continuation]:
-        prefix = "".join(self.scan.buf)
-        if where is CallPosition.NAME:
-            return self.names(prefix)
-        if where is CallPosition.CALL_KEY:
-            keys = ["name"] if not frame.keys else [self.args_key]
-            return [Continuation(k[len(prefix) :] + '":' + self.style.ws(":", 1)
-                                 + ('"' if k == "name" else "{" + self.args_rest()), 0.9)
-                    for k in keys if k.startswith(prefix)]
-        tool = self.by_name.get(self.scan.name or "")
-        if tool is None:
-            return []
-        if where is CallPosition.ARG_KEY:
-            remaining = [p for p in tool.parameters if p.name not in frame.keys and p.name.startswith(prefix)]
-            return [c for i, p in enumerate(remaining) for c in self.guessed(
-                p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p), p,
-                0.9 if i == 0 else 0.3)]
-        param = self.param(tool, frame.keys[-1] if frame.keys else "")
-        nexts = self.after_value(tool, frame, "")[:2]
-        first = likeliest(nexts) or [Continuation("", 1.0)]
-        if param is not None and param.enum:
-            options = [str(v) for v in param.enum if isinstance(v, str) and str(v).startswith(prefix)]
-            return [Continuation(v[len(prefix) :] + '"' + nxt.text, 0.6 * nxt.confidence, nxt.end_of_turn)
-                    for v in options for nxt in first]
-        if not prefix:  # the value has not begun: what the request gives this argument by name
-            return self.guessed("", param, 0.9)[1:]
-        out = []
-        rests = self.values.endings(prefix) + self.values.date_endings(prefix) if self.values else []
-        for i, rest in enumerate(dict.fromkeys(rests)):
-            if rest:
-                conf = 0.5 / (1 + i)
-                out += [Continuation(rest + '"' + nxt.text, conf * nxt.confidence, nxt.end_of_turn) for nxt in first]
-        # The value may also end right here: cheap as a side branch, right whenever the next token is `"`, and
-        # likely where what is written is a whole span of the request.
-        end = 0.6 if self.values is not None and self.values.is_span(prefix) else 0.25
-        out += [Continuation('"' + nxt.text, end * nxt.confidence, nxt.end_of_turn) for nxt in nexts]
-        return out
-
-    def names(self, prefix: str) -> list[Continuation]:
-        """The rest of each tool name that starts with `prefix`, through to the first argument's key."""
-        names = [t for t in self.tools if t.name.startswith(prefix)]
-        conf = 0.9 / max(1, len(names)) ** 0.5
-        return [c for t in names for c in self.guessed(t.name[len(prefix) :] + '"' + self.after_name(t),
-                                                        t.parameters[0] if t.parameters else None, conf)]
-
-    def in_call(self, frame: Frame, where: CallPosition) -> list[Continuation]:
-        scan = self.scan
-        if where is CallPosition.CALL_KEY_NEXT:
-            if not frame.keys:
-                head = self.pending_ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"'
-                return [Continuation(head, 0.9)] + [Continuation(head + c.text, c.confidence) for c in self.names("")]
-            return [Continuation(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{"
-                                 + self.args_rest(), 0.9)]
-        if where is CallPosition.CALL_COLON:
-            key = frame.keys[-1] if frame.keys else ""
-            return [Continuation(":" + self.style.ws(":", 1) + ('"' if key == "name" else "{" + self.args_rest()),
-                                 0.9)]
-        if where is CallPosition.CALL_VALUE_NEXT:
-            key = frame.keys[-1] if frame.keys else ""
-            if key == "name":
-                ws = self.pending_ws(":", 1) + '"'
-                return [Continuation(ws, 0.9)] + [Continuation(ws + c.text, c.confidence) for c in self.names("")]
-            tool = self.by_name.get(scan.name or "")
-            if key in ARGS_KEYS and tool is not None:
-                return [Continuation(self.pending_ws(":", 1) + "{" + self.args_body(tool), 0.9)]
-            return []
-        # CALL_VALUE_DONE: after the name, or after the arguments object
-        tool = self.by_name.get(scan.name or "")
-        if frame.keys and frame.keys[-1] == "name" and tool is not None:
-            return [Continuation(self.after_name(tool), 0.9)]
-        if frame.keys and frame.keys[-1] in ARGS_KEYS:
-            close = self.pending_close(1) + "}"
-            return [Continuation(close, 0.9)] + [Continuation(close + c.text, c.confidence, True)
-                                                 for c in self.closings(0.9)]
-        return []
-
-    def in_args(self, frame: Frame, where: CallPosition) -> list[Continuation]:
-        tool = self.by_name.get(self.scan.name or "")
-        if tool is None:
-            return []
-        if where is CallPosition.ARG_KEY_NEXT:
-            remaining = [p for p in tool.parameters if p.name not in frame.keys]
-            ws = self.pending_ws("{" if not frame.keys else ",", 2)
-            return [c for i, p in enumerate(remaining[:3])
-                    for c in self.guessed(ws + self.key_value_open(p, 2), p, 0.9 if i == 0 else 0.3)]
-        if where is CallPosition.ARG_COLON:
-            param = self.param(tool, frame.keys[-1] if frame.keys else "")
-            return self.guessed(":" + self.style.ws(":", 2) + self.render.value_open(param), param, 0.9)
-        if where is CallPosition.ARG_VALUE:
-            param = self.param(tool, frame.keys[-1] if frame.keys else "")
-            if self.scan.scalar:
-                if param is not None and param.type == "boolean":
-                    return [Continuation(word[len(self.scan.scalar) :], 0.9) for word in ("true", "false")
-                            if word.startswith(self.scan.scalar) and word != self.scan.scalar]
-                return self.number_rest(tool, frame, self.scan.scalar)
-            opener = self.render.value_open(param)
-            if param is not None and param.type == "boolean":
-                return [Continuation(self.pending_ws(":", 2) + w, 0.45) for w in ("true", "false")]
-            return [Continuation(self.pending_ws(":", 2) + opener, 0.9)] if opener else []
-        return self.after_value(tool, frame, self.scan.ws, guesses=True)
-
-    def number_rest(self, tool: Tool, frame: Frame, written: str) -> list[Continuation]:
-        """Inside a number (or literal): the rest of a request number it begins, then what follows the value;
-        or the value ending here (likely where it is one of the request's numbers whole)."""
-        nexts = self.after_value(tool, frame, "")[:2]
-        rests = self.values.number_endings(written) if self.values is not None else []
-        out = [Continuation(rest + nxt.text, 0.5 / (1 + i) * nxt.confidence, nxt.end_of_turn)
-               for i, rest in enumerate(rests) if rest for nxt in likeliest(nexts)]
-        end = 0.6 if "" in rests else 0.2
-        return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in nexts]
-
-    def after_value(self, tool: Tool, frame: Frame, written_ws: str, guesses: bool = False) -> list[Continuation]:
-        """After an argument's value: the next key in schema order, or the end of the call; with `guesses`, also
-        each next key run on through the value the request gives it by name (see `guessed`), last."""
-        remaining = [p for p in tool.parameters if p.name not in frame.keys]
-        required_left = any(p.name in tool.required for p in remaining)
-        keyed = [self.guessed("," + self.style.ws(",", 2) + self.key_value_open(p, 2), p, 0.8 if i == 0 else 0.25)
-                 for i, p in enumerate(remaining[:2])]
-        nexts = [k[0] for k in keyed]
-        extra = [c for k in keyed for c in k[1:]] if guesses else []
-        close_text = self.render.close()
-        close_text = close_text[len(written_ws) :] if close_text.startswith(written_ws) else close_text
-        close = [Continuation(close_text, 0.85)] + [Continuation(close_text + c.text, c.confidence, True)
-                                                    for c in self.closings(0.85)]
-        if not remaining:
-            return close
-        return (nexts + close if required_left or not tool.required else nexts[:1] + close + nexts[1:]) + extra
-
-    # -- helpers -----------------------------------------------------------------------------------------------
-    def pending_ws(self, punct: str, depth: int) -> str:
-        """The learned whitespace after `punct`, less what the target has already written of it."""
-        want, have = self.style.ws(punct, depth), self.scan.ws
-        if not want.startswith(have) and have.startswith("\n") and not have.strip(" \n"):
-            want = "\n" + "  " * depth  # a newline where none was learned: pretty-printed, likeliest by 2 spaces
-        return want[len(have) :] if want.startswith(have) else ""
-
-    def pending_close(self, depth: int) -> str:
-        want, have = self.style.close(depth), self.scan.ws
-        return want[len(have) :] if want.startswith(have) else ""
-
-    @staticmethod
-    def param(tool: Tool, name: str) -> Param | None:
-        return next((p for p in tool.parameters if p.name == name), None)

@@ -1,6 +1,6 @@
 """Argument values are often copied from the request: the spans and numbers of what the user said that a value
-being written may be completing (the schema drafter's value guesses, oospec.tools.callscan), and the dates and
-times it names written as APIs take them ("April 15th at 2 PM" as 2023-04-15 14:00:00 once the year is written).
+being written may be completing (the schema drafter's value guesses, oospec.tools.continuations), and the dates
+and times it names written as APIs take them ("April 15th at 2 PM" as 2023-04-15 14:00:00).
 """
 
 from __future__ import annotations
