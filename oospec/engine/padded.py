@@ -26,7 +26,8 @@ import functools
 import torch
 from torch import nn
 
-STEP_ROWS = 64  # as oospec.engine.invariant: a tree holds at most STEP_ROWS - 1 nodes
+from oospec.engine.invariant import STEP_ROWS  # the same row limit on every device
+
 BLOCK = 64  # key positions per attention block
 ATTN_NAME = "oospec_rowwise"
 _SUPPORTED = ("qwen2", "llama")

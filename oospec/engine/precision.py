@@ -148,7 +148,7 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
 
     say: called with the one-line note on what auto chose (default: printed to stderr)."""
     from oospec.engine.kernels import native
-    from oospec.models.cpu_features import auto_dtype, native_bf16
+    from oospec.models.cpu_features import native_bf16
     from oospec.models.loading import BatchVarianceWarning, load_model
     from oospec.models.provision import oospec_home, read_record, resolve_model_path, write_record
 
@@ -156,9 +156,9 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
     if not str(device).startswith("cpu"):
         return _load_accelerator(name_or_path, dtype, device, optimize, say)
     if dtype != "auto":
-        model, tokenizer = load_model(name_or_path, dtype=dtype if dtype != "auto" else auto_dtype(device), device=device)
+        model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
         report = prepare(model, optimize)
-        if dtype == "bfloat16" and str(device).startswith("cpu") and native_bf16() and not report["applied"]:
+        if dtype == "bfloat16" and native_bf16() and not report["applied"]:
             warnings.warn(f"bfloat16 without the invariant kernels ({report['reason']}) runs oneDNN's native kernels, "
                           "whose results depend on how many tokens a forward holds: speculative output can differ "
                           "from plain greedy decoding here", BatchVarianceWarning, stacklevel=2)
