@@ -313,3 +313,66 @@ def test_a_stale_build_lock_is_cleared_and_a_fresh_one_kept(tmp_path):
     _clear_stale_lock(stale)
     _clear_stale_lock(tmp_path / "absent")
     assert fresh.exists() and not stale.exists()
+
+
+@pytest.mark.parametrize("shape", [(77, 40), (1536 // 4, 56), (96, 33)])
+def test_bf16_linear_rows_hold_across_tile_blocks_and_prefill_sizes(cxx, shape):
+    """bfloat16 up to and past the 16-row tile, the 32-row block pair and STEP_ROWS (a prefill): every row is
+    its 1-row call's bits, on whichever path this CPU runs (AMX tiles or VDPBF16PS); K not a multiple of 32
+    exercises the zero-padded last k-tile."""
+    k, n = shape
+    g = torch.Generator().manual_seed(k * 7 + n)
+    w = torch.randn(n, k, generator=g).bfloat16()
+    b = torch.randn(n, generator=g).bfloat16()
+    x = torch.randn(100, k, generator=g).bfloat16()
+    packed = cxx.pack_linear(w)
+    full = cxx.linear_packed(x, packed, b, n)
+    for m in list(range(1, 41)) + [47, 63, 64, 65, 99]:
+        assert same_bits(cxx.linear_packed(x[:m].contiguous(), packed, b, n), full[:m]), f"rows 0..{m} differ"
+    for r in (0, 15, 16, 31, 32, 33, 99):
+        assert same_bits(cxx.linear_packed(x[r:r + 1].contiguous(), packed, b, n), full[r:r + 1]), f"row {r}"
+    ref = x.double() @ w.double().T + b.double()
+    assert torch.allclose(full.double(), ref, rtol=0.05, atol=0.05 * ref.abs().max().item())
+
+
+def test_isa_levels_put_amx_first_only_where_the_cpu_has_it():
+    from oospec.engine.kernels import isa_flags
+
+    base = {"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"}
+    assert "-mamx-bf16" in isa_flags(frozenset(base | {"amx_tile", "amx_bf16"}))
+    assert "-mamx-bf16" not in isa_flags(frozenset(base | {"amx_tile"}))  # no bf16 tiles: VDPBF16PS
+    assert "-mamx-tile" not in isa_flags(frozenset(base)) and "-mavx512bf16" in isa_flags(frozenset(base))
+    assert isa_flags(frozenset({"avx2", "fma"})) == ("-mavx2", "-mfma", "-mf16c")
+
+
+_PATH_SCRIPT = """
+import torch
+from oospec.engine.kernels import native
+ops = native()
+g = torch.Generator().manual_seed(3)
+w = torch.randn(200, 160, generator=g).bfloat16(); x = torch.randn(20, 160, generator=g).bfloat16()
+p = ops.pack_linear(w); full = ops.linear_packed(x, p, None, 200)
+ok = all(torch.equal(ops.linear_packed(x[:m].contiguous(), p, None, 200), full[:m]) for m in range(1, 21))
+torch.save({"isa": ops.isa(), "ok": ok, "y": full}, OUT)
+"""
+
+
+def test_no_amx_keeps_a_process_on_the_vector_path_with_its_own_guarantee(cxx, tmp_path):
+    """OOSPEC_NO_AMX=1 runs bfloat16 on VDPBF16PS (or its order) even on an AMX CPU: still row-invariant, and
+    both paths approximate one product; on a CPU without AMX the two processes run the same path, same bits."""
+    import os
+    import subprocess
+    import sys
+
+    results = {}
+    for name, extra in (("default", {}), ("no_amx", {"OOSPEC_NO_AMX": "1"})):
+        out = tmp_path / f"{name}.pt"
+        env = {k: v for k, v in os.environ.items() if k != "OOSPEC_NO_AMX"} | extra
+        subprocess.run([sys.executable, "-c", _PATH_SCRIPT.replace("OUT", repr(str(out)))], check=True, env=env, timeout=300)
+        results[name] = torch.load(out)
+    assert results["default"]["ok"] and results["no_amx"]["ok"]
+    assert results["default"]["isa"] == cxx.isa() and results["no_amx"]["isa"] != "amx_bf16"
+    a, b = results["default"]["y"].double(), results["no_amx"]["y"].double()
+    if results["default"]["isa"] != "amx_bf16":
+        assert torch.equal(a, b)
+    assert torch.allclose(a, b, rtol=0.02, atol=0.02 * b.abs().max().item())

@@ -130,7 +130,7 @@ def test_bad_payloads_fall_back_to_toolspec(smol_engine, apibank_case, caplog):
             while client.poll(ticket) is None and ticket.fault is None:
                 time.sleep(0.05)  # probe first: then the request below certainly gets its answer in time
             assert ticket.fault == kind
-            base = engine_generate(smol_engine, prompt, toolspec, sample, sample.messages)
+            base = engine_generate(smol_engine, prompt, toolspec, sample, messages)  # same text: same spans
             out = engine_generate(smol_engine, prompt, oospec, sample, messages, wait_for=client)
             assert np.array_equal(out.tokens, ref) and np.array_equal(base.tokens, ref)
             assert out.stats.target_forwards == base.stats.target_forwards, mode  # no usable hint: toolspec

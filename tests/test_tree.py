@@ -48,23 +48,28 @@ def test_sampled_acceptance_discount_shrinks_trees():
     assert len(build_tree(cands, 16, None, discount=0.1)) == 16  # order-ranked trees take no discount
 
 
-def test_the_default_curve_follows_the_targets_dtype_and_threads():
+@pytest.mark.parametrize("amx", [False, True])
+def test_the_default_curve_follows_the_targets_dtype_and_threads(amx, monkeypatch):
     import torch
 
+    from oospec.engine import budget
     from oospec.engine.budget import CPU_CURVES, default_cost_model
 
+    monkeypatch.setattr(budget, "bf16_on_amx", lambda: amx)  # the same meaning on every CPU
+    bf16 = "bfloat16-amx" if amx else "bfloat16"
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        for dtype, name in ((torch.bfloat16, "bfloat16"), (torch.float32, "float32"), (None, "float32")):
+        for dtype, name in ((torch.bfloat16, bf16), (torch.float32, "float32"), (None, "float32")):
             cost = default_cost_model(dtype)
             assert np.allclose(cost.cost(16), CPU_CURVES[name, 2][16]), name
         assert np.allclose(default_cost_model(torch.bfloat16, "cuda").cost(16), CPU_CURVES["float32", 2][16])
         torch.set_num_threads(1)
-        assert np.allclose(default_cost_model(torch.bfloat16).cost(16), CPU_CURVES["bfloat16", 1][16])
+        assert np.allclose(default_cost_model(torch.bfloat16).cost(16), CPU_CURVES[bf16, 1][16])
     finally:
         torch.set_num_threads(before)
-    assert CPU_CURVES["bfloat16", 2][16] != CPU_CURVES["float32", 2][16]  # else the dtype would not matter
+    assert CPU_CURVES[bf16, 2][16] != CPU_CURVES["float32", 2][16]  # else the dtype would not matter
+    assert CPU_CURVES["bfloat16-amx", 2][16] < CPU_CURVES["bfloat16", 2][16]  # tiles: rows nearly free
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

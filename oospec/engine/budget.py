@@ -29,6 +29,11 @@ CPU_CURVES = {
     ("float32", 1): {1: 1.0, 2: 1.0, 4: 1.09, 8: 1.23, 12: 1.52, 16: 1.87, 24: 2.75, 32: 3.51},
     ("bfloat16", 2): {1: 1.0, 2: 1.05, 4: 1.09, 8: 1.23, 12: 1.40, 16: 1.66, 24: 2.29, 32: 2.90},
     ("bfloat16", 1): {1: 1.0, 2: 1.04, 4: 1.16, 8: 1.43, 12: 1.74, 16: 2.14, 24: 3.14, 32: 4.09},
+    # bfloat16 on AMX tiles (kernels/linear.cpp), 2 cores of an Intel Xeon with AMX, same command with
+    # --ks 1,2,3,4,6,8,12,16,24,32,48,63 (experiments/results/kernel-cost-curve-amx/): 16 rows cost one
+    # TDPBF16PS as one row does, so a forward stays memory-bound far longer.
+    ("bfloat16-amx", 1): {1: 1.00, 2: 1.01, 3: 1.02, 4: 1.05, 6: 1.10, 8: 1.14, 12: 1.19, 16: 1.26, 24: 1.44, 32: 1.50, 48: 2.04, 63: 2.50},
+    ("bfloat16-amx", 2): {1: 1.00, 2: 1.01, 3: 1.01, 4: 1.06, 6: 1.07, 8: 1.09, 12: 1.15, 16: 1.20, 24: 1.40, 32: 1.48, 48: 1.94, 63: 2.35},
 }
 
 # c(k)/c(1) of the padded invariant forward on a GPU (oospec.engine.padded: every forward holds 64 rows, so the
@@ -68,14 +73,24 @@ class CostModel:
         return inside
 
 
+def bf16_on_amx() -> bool:
+    """Whether this process's invariant bfloat16 kernels run on AMX tiles (their curve is much flatter)."""
+    from oospec.engine.kernels import native
+
+    ops = native()
+    return ops is not None and ops.isa() == "amx_bf16"
+
+
 def default_cost_model(dtype=None, device: str = "cpu", threads: int | None = None) -> CostModel:
-    """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's) at
-    `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the
+    """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's; bfloat16
+    on AMX tiles its own) at `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the
     cautious choice (it keeps trees small): an accelerator's flatter curve should be measured and given
     (CostModel.from_json)."""
     import torch
 
     name = "bfloat16" if dtype == torch.bfloat16 and device == "cpu" else "float32"
+    if name == "bfloat16" and bf16_on_amx():
+        name = "bfloat16-amx"
     threads = torch.get_num_threads() if threads is None else threads
     return CostModel.from_curve(CPU_CURVES[name, 1 if threads <= 1 else 2])
 

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 
 # Instruction sets the kernels use, the best first: (cpuinfo flags required, compiler flags).
 _ISA_LEVELS = (
+    (("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
+     ("-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx2", "-mfma",
+      "-mf16c")),
     (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
      ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c")),
     (("avx512f", "avx512bw", "avx512vl", "fma", "avx2"), ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c")),

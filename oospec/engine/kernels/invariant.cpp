@@ -31,6 +31,7 @@
 // linear.cpp
 torch::Tensor pack_linear(torch::Tensor w);
 torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<torch::Tensor> bias, int64_t N);
+std::string linear_isa();
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 
 namespace {
@@ -342,6 +343,8 @@ torch::Tensor attention(torch::Tensor q, torch::Tensor k, torch::Tensor v, torch
 }
 
 std::string isa() {
+  const std::string tiles = linear_isa();  // AMX, where this build has it and the kernel granted it
+  if (!tiles.empty()) return tiles;
 #if defined(__AVX512BF16__)
   return "avx512_bf16";
 #elif defined(__AVX512F__)

@@ -12,6 +12,14 @@
 //
 // Layout (pack_linear): panel p holds columns 16p .. 16p+15; float32: [panels][K][16]; bfloat16:
 // [panels][ceil(K/2)][16][2]. Columns past N and the k past K are zeros.
+//
+// On a CPU with AMX (Intel Xeon, Sapphire Rapids on) bfloat16 runs on tiles instead (amx_impl below): a
+// bfloat16 panel is already the B operand TDPBF16PS reads (16 k-pairs x 16 columns x 2 = one 1 KB tile), and
+// the instruction reduces each output of a tile row from that row and the B tile alone, in an order fixed by
+// the hardware. Every forward (1 row or 650) goes through the same tiles, k-tile after k-tile, so a row's bits
+// again depend on nothing but the row; 16 rows cost one TDPBF16PS, as one row does, which makes verifying a
+// tree cost what a decode step costs. Its bits are not the VDPBF16PS path's (AMX treats bf16 denormals as
+// zero, and sums inside a tile in its own order): a process uses one path for every forward, chosen once.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -19,8 +27,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "lanes.h"
 
@@ -154,9 +168,151 @@ void packed_impl(const T* x, int64_t ldx, const T* wp, const T* b, T* y, int64_t
   });
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+namespace amx {
+
+// Linux hands a process the 8 KB tile state only when asked (arch/x86 xstate: ARCH_REQ_XCOMP_PERM); the
+// answer holds for every thread of the process. Asked once: a refusal (an old kernel, a hypervisor that
+// hides the state) or OOSPEC_NO_AMX leaves this process on the VDPBF16PS path for every forward, so its bits
+// stay one path's.
+inline bool permitted() {
+  static const bool ok = [] {
+    if (std::getenv("OOSPEC_NO_AMX")) return false;  // the VDPBF16PS path on an AMX CPU (tests, comparisons)
+    constexpr long ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }();
+  return ok;
+}
+
+// Every tile row is 64 bytes: C rows x 16 float32, A rows x 32 bf16 (16 k-pairs), B 16 k-pairs x 16 columns x 2.
+// `rows` (A and C) is 16, or M for a forward of M < 16 rows (a decode step reads one row of x per k-tile, not
+// sixteen); each thread loads the configuration before its tiles.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+inline void configure(int rows) {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) { c.colsb[t] = 64; c.rows[t] = t < 6 ? rows : 16; }
+  _tile_loadconfig(&c);
+}
+
+constexpr int TILE_ROWS = 16, TILE_PAIRS = 16, TILE_ELEMS = TILE_PAIRS * 32;  // a B tile: 512 bf16
+constexpr int PREFETCH_TILES = 8;
+
+// Registers: C 0-3 (row block r, panel j: tmm 2r + j), A 4-5, B 6-7. RB row blocks x NB panels per k-tile,
+// each A and B loaded once per k-tile and used NB / RB times.
+template <int RB, int NB>
+void block(const bf16* a, int64_t lda, int rows, const bf16* const* b, int64_t tiles, const bf16* tail, float* c,
+           int64_t ldc) {
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t t = 0; t < tiles; ++t) {
+    // the last k-tile of a K that is not a multiple of 32 comes from `tail`: zero-padded copies of the panels'
+    const bool last = tail && t == tiles - 1;
+    const bf16* b0 = last ? tail : b[0] + t * TILE_ELEMS;
+    const bf16* b1 = last ? tail + TILE_ELEMS : b[1] + t * TILE_ELEMS;
+    // the weights PREFETCH_TILES k-tiles ahead, a cache line at a time (a decode step waits on memory)
+    for (int l = 0; l < TILE_ELEMS; l += 32) {
+      __builtin_prefetch(b[0] + (t + PREFETCH_TILES) * TILE_ELEMS + l, 0, 2);
+      if constexpr (NB == 2) __builtin_prefetch(b[1] + (t + PREFETCH_TILES) * TILE_ELEMS + l, 0, 2);
+    }
+    _tile_loadd(6, b0, 64);
+    if constexpr (NB == 2) _tile_loadd(7, b1, 64);
+    _tile_loadd(4, a + t * 32, lda * 2);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (NB == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RB == 2) {
+      _tile_loadd(5, a + rows * lda + t * 32, lda * 2);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (NB == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  _tile_stored(0, c, ldc * 4);
+  if constexpr (NB == 2) _tile_stored(1, c + 16, ldc * 4);
+  if constexpr (RB == 2) {
+    _tile_stored(2, c + rows * ldc, ldc * 4);
+    if constexpr (NB == 2) _tile_stored(3, c + rows * ldc + 16, ldc * 4);
+  }
+}
+
+// x [M, K] (row stride ldx) through bfloat16 panels: rows padded with zeros to whole tiles, k to whole k-tiles.
+inline void amx_impl(const bf16* x, int64_t ldx, const bf16* wp, const bf16* bias, bf16* y, int64_t M, int64_t K,
+                     int64_t N) {
+  const int64_t steps = ksteps(K, 2), pe = steps * 32, panels = (N + 15) / 16;
+  const int64_t tiles = (steps + TILE_PAIRS - 1) / TILE_PAIRS, kp = tiles * 32;
+  const int rows = static_cast<int>(std::min<int64_t>(M, TILE_ROWS));
+  const int64_t mp = (M + rows - 1) / rows * rows;
+  const bf16* a = x;
+  int64_t lda = ldx;
+  // Whole tiles: x's rows with zeros past K (they meet the panels' zero k-pairs). Rows past M are left as
+  // earlier calls wrote them: a tile row's outputs read only that row, and those outputs are dropped.
+  thread_local std::vector<bf16> padded;
+  if (mp != M || kp != ldx) {
+    if (padded.size() < static_cast<size_t>(mp * kp)) padded.resize(static_cast<size_t>(mp * kp));
+    for (int64_t m = 0; m < M; ++m) {
+      std::memcpy(padded.data() + m * kp, x + m * ldx, K * sizeof(bf16));
+      std::memset(static_cast<void*>(padded.data() + m * kp + K), 0, (kp - K) * sizeof(bf16));
+    }
+    a = padded.data();
+    lda = kp;
+  }
+  const int64_t groups = (panels + 1) / 2;
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (2 * pe * static_cast<int64_t>(sizeof(bf16))));
+  const int64_t tail_pairs = steps % TILE_PAIRS;
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    configure(rows);
+    alignas(64) float c[2 * TILE_ROWS * 32];
+    alignas(64) bf16 tail[2 * TILE_ELEMS];
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t p0 = 2 * g;
+      const int nb = static_cast<int>(std::min<int64_t>(2, panels - p0));
+      const bf16* b[2] = {wp + p0 * pe, wp + (p0 + nb - 1) * pe};
+      if (tail_pairs) {
+        std::memset(tail, 0, sizeof(tail));
+        for (int j = 0; j < nb; ++j)
+          std::memcpy(tail + j * TILE_ELEMS, b[j] + (tiles - 1) * TILE_ELEMS, tail_pairs * 32 * sizeof(bf16));
+      }
+      for (int64_t m0 = 0; m0 < mp; m0 += 2 * rows) {
+        const int rb = mp - m0 > rows ? 2 : 1;
+        const bf16* am = a + m0 * lda;
+        const bf16* t = tail_pairs ? tail : nullptr;
+        if (rb == 2 && nb == 2) block<2, 2>(am, lda, rows, b, tiles, t, c, 32);
+        else if (rb == 2) block<2, 1>(am, lda, rows, b, tiles, t, c, 32);
+        else if (nb == 2) block<1, 2>(am, lda, rows, b, tiles, t, c, 32);
+        else block<1, 1>(am, lda, rows, b, tiles, t, c, 32);
+        const int64_t n0 = p0 * 16, nn = std::min<int64_t>(nb * 16, N - n0);
+        for (int64_t m = m0; m < std::min(M, m0 + rb * rows); ++m)
+          for (int64_t j = 0; j < nn; ++j) {
+            float v = c[(m - m0) * 32 + j];
+            if (bias) v += static_cast<float>(bias[n0 + j]);
+            y[m * N + n0 + j] = bf16(v);
+          }
+      }
+    }
+    _tile_release();
+  });
+}
+
+}  // namespace amx
+#endif
+
+// The path a bfloat16 forward takes in this process (one for all, see the top of this file).
+inline bool bf16_on_tiles() {
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  return amx::permitted();
+#else
+  return false;
+#endif
+}
+
 }  // namespace oospec
 
 using namespace oospec;
+
+std::string linear_isa() {
+  return bf16_on_tiles() ? "amx_bf16" : "";
+}
 
 // w [N, K] -> its panels (see the layout above), a flat tensor of w's dtype.
 torch::Tensor pack_linear(torch::Tensor w) {
@@ -203,6 +359,11 @@ torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<tor
   if (!is_bf16)
     packed_impl<float>(x.data_ptr<float>(), x.size(1), wp.data_ptr<float>(),
                        b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N);
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  else if (bf16_on_tiles())
+    amx::amx_impl(x.data_ptr<bf16>(), x.size(1), wp.data_ptr<bf16>(),
+                  b.defined() ? b.data_ptr<bf16>() : nullptr, y.data_ptr<bf16>(), M, K, N);
+#endif
   else
     packed_impl<bf16>(x.data_ptr<bf16>(), x.size(1), wp.data_ptr<bf16>(),
                       b.defined() ? b.data_ptr<bf16>() : nullptr, y.data_ptr<bf16>(), M, K, N);
