@@ -349,15 +349,16 @@ def test_sidecar_report_in_words():
 
 def test_load_is_the_whole_python_path_and_lossless(smollm2_path, smollm2_engine, recorded_sidecar):
     """`oospec.load` starts the target, the drafter and the sidecar; greedy output is plain greedy's; closing
-    the pipeline closes the sidecar."""
+    the pipeline closes the sidecar. float32 like the reference engine: `--dtype auto` is bfloat16 on some CPUs
+    (test_invariant.py covers that pick), and identity is promised per dtype."""
     import oospec
 
     reference = smollm2_engine.generate(CHAT, max_new_tokens=12)
-    with oospec.load(MODEL, threads=1) as pipe:
+    with oospec.load(MODEL, threads=1, dtype="float32") as pipe:
         result = pipe.generate(CHAT, max_new_tokens=12)
         assert isinstance(pipe.sidecar, RecordedSidecar) and pipe.drafter.name == DEFAULT_METHOD
     assert pipe.sidecar.closed and np.array_equal(result.tokens, reference.tokens)
-    with oospec.load(MODEL, "pld", threads=1) as pipe:
+    with oospec.load(MODEL, "pld", threads=1, dtype="float32") as pipe:
         assert pipe.sidecar is None and pipe.sidecar_report is None
         assert np.array_equal(pipe.generate(CHAT, max_new_tokens=12).tokens, reference.tokens)
         # The conversation resent (an agent's next turn): its prefix comes from the pipeline's prefix cache.
