@@ -8,6 +8,7 @@ from oospec.tools.callscan import CallPosition, CallScanner, Habits
 from oospec.tools.continuations import structure_continuations
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Param, Tool
+from oospec.tools.toolprior import tool_weights
 from oospec.tools.valuesource import ValueSource
 
 
@@ -179,10 +180,13 @@ def test_values_the_request_gives_an_argument_by_name_are_drafted_with_its_key()
     scan = CallScanner(Habits().style)
     scan.feed('{"name": "login", "arguments": {"username": "JaneSmith"')
     texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
-    assert ', "password": "' in texts and ', "password": "pw2"' in texts and ', "password": "pw1"' in texts
+    # Each guess runs on into the next key, so that a right guess and the key after it cost one forward.
+    assert ', "password": "' in texts and ', "password": "pw2", "remember": ' in texts
+    assert ', "password": "pw1", "remember": ' in texts
     scan = CallScanner(Habits().style)
     scan.feed('{"name": "login", "arguments": {"username": "')  # the value not begun: the named guesses alone
-    assert [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)] == ['JaneSmith"']
+    assert [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)] == [
+        'JaneSmith", "password": "pw2", "remember": ']  # through the value named for the next key too
     scan = CallScanner(Habits().style)
     scan.feed('{"name": "login", "arguments": {"username": "x", "password": "y", "remember": ')
     assert all("pw" not in c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values))
@@ -203,3 +207,58 @@ def test_a_first_request_drafts_the_openers_closers_and_indentation_targets_are_
     scan.feed("```json\n{\n")
     conts = structure_continuations(scan, APIBANK_TOOLS, Habits(), "parameters", ("<tool_call>\n",))
     assert conts[0].text == '  "name": "'
+
+
+def test_values_an_earlier_call_or_tool_result_gave_the_argument_are_guessed():
+    values = ValueSource('<tool_call>{"name": "GetUserToken", "parameters": {"username": "JohnDoe"}}</tool_call>\n'
+                         "<obs> {'token': 'a9s8d7f6'} </obs> then \"name\": \"Ann\"")
+    assert values.named("token") == ["a9s8d7f6"] and values.named("username") == ["JohnDoe"]
+    assert values.named("name") == ["Ann"]  # the call's own "name" (a tool's, before "parameters") is no value
+
+
+def test_quoted_strings_and_dates_are_guessed_before_a_value_begins():
+    values = ValueSource('Add "Meeting with clients" on December 15, 2023 at 2 PM; the sequence \'AGTC\'. '
+                         "Result: {'status': 'done'}; booked for 2023-10-15.")
+    assert values.quoted == ["AGTC", "Meeting with clients"]  # latest first; a dict's keys and values are not
+    assert values.whole_dates[0] == "2023-10-15" and "2023-12-15 14:00:00" in values.whole_dates
+    assert ValueSource("on March 20th at 2pm").date_endings("") == []  # no year named: nothing before it is written
+    tools = [Tool("add", parameters=(Param("content"), Param("date"), Param("n", type="integer")))]
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "add", "arguments": {"content": "')
+    conts = {c.text: c.confidence for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)}
+    assert conts['AGTC", "date": "'] > conts['Meeting with clients", "date": "'] > 0
+    scan.feed('Meeting with clients", "date": "')
+    conts = {c.text: c.confidence for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)}
+    assert max(conts, key=conts.get) == '2023-10-15", "n": '  # a date argument: the request's dates, not quotes
+    assert not any("AGTC" in text for text in conts)
+
+
+def test_the_tool_the_dialogue_points_to_is_the_likeliest_name():
+    tools = [Tool("GetUserToken", "Get the user token by username and password"),
+             Tool("AddAgenda", "Add an agenda item with content, time and location"),
+             Tool("QueryStock", "Query the stock price of a company on a date")]
+    weights = tool_weights(tools, 'Add "Meeting" to my agenda at 2 PM.')
+    assert max(range(3), key=weights.__getitem__) == 1 and abs(sum(weights) - 1) < 1e-9
+    called = '<tool_call>{"name": "AddAgenda", "parameters": {}}</tool_call> now the price of that stock'
+    assert max(range(3), key=tool_weights(tools, called).__getitem__) == 2  # called already: another tool next
+    assert tool_weights(tools[:1], "anything") == [1.0]
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "')
+    conts = structure_continuations(scan, tools, Habits(), "arguments", (), ValueSource("add it to my agenda"))
+    assert max(conts, key=lambda c: c.confidence).text.startswith('AddAgenda", "arguments": {')
+
+
+def test_an_array_of_numbers_is_drafted_item_by_item_from_the_request():
+    tools = [Tool("fit", parameters=(Param("values", type="array", items=Param("", type="number")), Param("k")))]
+    values = ValueSource("trait A has a value of 0.8 and trait B a value of 0.7.")
+    assert values.number_endings("0.") == ["7", "8"]  # a number ending a sentence is a number
+
+    def best(written):
+        scan = CallScanner(Habits().style)
+        scan.feed('{"name": "fit", "arguments": {"values": [' + written)
+        conts = structure_continuations(scan, tools, Habits(), "arguments", (), values)
+        return max(conts, key=lambda c: c.confidence).text if conts else None
+
+    assert best("") is None  # no item begun: nothing says which
+    assert best("0.") == "8, 0.7"  # the request's number, then the one it names next
+    assert best("0.8") == ", 0.7" and best("0.8, 0.7") == '], "k": "'

@@ -34,6 +34,16 @@ def structure_continuations(
     return _Continuations(scan, tools, habits, default_args_key, default_openers, values).continuations()
 
 
+# How often a whole value guessed before it begins is the value (the first guess, the second): measured against
+# the gold calls of the API-Bank and BFCL items the sidecar trained on (1,231 string values; /work/main's
+# docs/results-history.md, 2026-12-06). Named for the argument: 81% / 30%; the request's dates for a date or time
+# argument: 52% / 14%; the strings the user quoted: 15% / 9%.
+NAMED_HITS = (0.8, 0.3)
+DATE_HITS = (0.5, 0.15)
+QUOTED_HITS = (0.15, 0.1)
+RUN_ON_VALUES = 2  # a guessed value's draft runs on through at most this many further named values
+
+
 def _temporal(param: Param | None) -> bool:
     """The schema says this argument holds a date or time (by its name or description)."""
     return param is not None and re.search(r"date|time|\bday\b", f"{param.name} {param.description}", re.I) is not None
@@ -68,22 +78,57 @@ class _Continuations:
             return self.style.ws("{", 2) + self.key_value_open(tool.parameters[0], 2)
         return self.render.close()
 
-    def args_rest(self) -> str:
-        """After the arguments' `{` of the named function: its first key (nothing while no name is known)."""
+    def args_rest(self, head: str, confidence: float) -> list[Continuation]:
+        """`head`, which ends with the arguments' `{` of the named function, on to its first key and the values
+        guessed for it (`head` alone while no name is known)."""
         tool = self.by_name.get(self.scan.name or "")
-        return self.args_body(tool) if tool is not None else ""
+        return self.opening(head + self.args_body(tool), tool, confidence) if tool is not None \
+            else [Continuation(head, confidence)]
 
     def after_name(self, tool: Tool) -> str:
         return self.render.args_open() + self.args_body(tool)
 
-    def guessed(self, text: str, param: Param | None, confidence: float) -> list[Continuation]:
-        """`text`, which ends where `param`'s string value begins, and the same run on through each value the
-        request gives that argument by name ("my password is pass123"), closed: one forward for key and value."""
+    def guessed(self, text: str, param: Param | None, confidence: float, tool: Tool | None,
+                done: Sequence[str] = ()) -> list[Continuation]:
+        """`text`, which ends where `param`'s string value begins, and the same run on through each whole value the
+        request makes likely for it (`starts`), closed, and on into what follows (`run_on`): one forward for key,
+        value and the next key. `done`: the keys of `tool`'s call written before `param`."""
         out = [Continuation(text, confidence)]
-        if param is None or self.values is None or self.render.value_open(param) != '"':
+        starts = self.starts(param)
+        if not starts:
             return out
-        return out + [Continuation(text + value + '"', confidence * 0.5 / (1 + i))
-                      for i, value in enumerate(self.values.named(param.name)[:2])]
+        after = self.run_on(tool, (*done, param.name))
+        return out + [Continuation(text + value + '"' + after, confidence * weight) for value, weight in starts]
+
+    def starts(self, param: Param | None) -> list[tuple[str, float]]:
+        """Whole string values for `param` before it has begun, each with its chance relative to the text before:
+        the values the request gives it by name ("my password is pass123", {'token': 'a9s8'}), then the request's
+        dates for a date or time argument, else the strings the user quoted."""
+        if param is None or self.values is None or self.render.value_open(param) != '"':
+            return []
+        named = self.values.named(param.name)[: len(NAMED_HITS)]
+        temporal = _temporal(param)
+        others = [v for v in (self.values.date_endings("") if temporal else self.values.quoted) if v not in named]
+        hits = DATE_HITS if temporal else QUOTED_HITS
+        return [*zip(named, NAMED_HITS), *zip(others, hits)]
+
+    def run_on(self, tool: Tool | None, done: Sequence[str], depth: int = 0) -> str:
+        """What follows a guessed value of `tool`'s call whose keys `done` are written: the next key in schema order,
+        through the value the request names for it while there is one (up to RUN_ON_VALUES), or the close."""
+        if tool is None:
+            return ""
+        remaining = [p for p in tool.parameters if p.name not in done]
+        if not remaining:
+            return self.render.close()
+        param = remaining[0]
+        text = "," + self.style.ws(",", 2) + self.key_value_open(param, 2)
+        named = self.values.named(param.name) if self.values is not None and depth < RUN_ON_VALUES \
+            and self.render.value_open(param) == '"' else []
+        return text + named[0] + '"' + self.run_on(tool, (*done, param.name), depth + 1) if named else text
+
+    def opening(self, text: str, tool: Tool, confidence: float) -> list[Continuation]:
+        """`text`, which ends at `tool`'s first argument's value (`args_body`), with that value guessed."""
+        return self.guessed(text, tool.parameters[0] if tool.parameters else None, confidence, tool)
 
     def closings(self, confidence: float) -> list[Continuation]:
         """After the last brace: the target's usual closer and end of turn, if it has shown one."""
@@ -135,10 +180,11 @@ class _Continuations:
         if where is CallPosition.NAME:
             return self.names(prefix)
         if where is CallPosition.CALL_KEY:
-            keys = ["name"] if not frame.keys else [self.args_key]
-            return [Continuation(k[len(prefix) :] + '":' + self.style.ws(":", 1)
-                                 + ('"' if k == "name" else "{" + self.args_rest()), 0.9)
-                    for k in keys if k.startswith(prefix)]
+            key = "name" if not frame.keys else self.args_key
+            if not key.startswith(prefix):
+                return []
+            head = key[len(prefix) :] + '":' + self.style.ws(":", 1)
+            return [Continuation(head + '"', 0.9)] if key == "name" else self.args_rest(head + "{", 0.9)
         tool = self.by_name.get(self.scan.name or "")
         if tool is None:
             return []
@@ -146,7 +192,7 @@ class _Continuations:
             remaining = [p for p in tool.parameters if p.name not in frame.keys and p.name.startswith(prefix)]
             return [c for i, p in enumerate(remaining) for c in self.guessed(
                 p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p), p,
-                0.9 if i == 0 else 0.3)]
+                0.9 if i == 0 else 0.3, tool, frame.keys)]
         param = self.param(tool, frame.keys[-1] if frame.keys else "")
         nexts = self.after_value(tool, frame, "")[:2]
         first = likeliest(nexts) or [Continuation("", 1.0)]
@@ -155,7 +201,7 @@ class _Continuations:
             return [Continuation(v[len(prefix) :] + '"' + nxt.text, 0.6 * nxt.confidence, nxt.end_of_turn)
                     for v in options for nxt in first]
         if not prefix:  # the value has not begun: what the request gives this argument by name
-            return self.guessed("", param, 0.9)[1:]
+            return self.guessed("", param, 0.9, tool, frame.keys[:-1])[1:]
         out = []
         spans = self.values.endings(prefix) if self.values else []
         dates = self.values.date_endings(prefix) if self.values else []
@@ -173,11 +219,13 @@ class _Continuations:
         return out
 
     def names(self, prefix: str) -> list[Continuation]:
-        """The rest of each tool name that starts with `prefix`, through to the first argument's key."""
+        """The rest of each tool name that starts with `prefix`, through to the first argument's key, each as likely
+        as the dialogue makes it (oospec.tools.toolprior)."""
         names = [t for t in self.tools if t.name.startswith(prefix)]
-        conf = 0.9 / max(1, len(names)) ** 0.5
-        return [c for t in names for c in self.guessed(t.name[len(prefix) :] + '"' + self.after_name(t),
-                                                        t.parameters[0] if t.parameters else None, conf)]
+        prior = self.values.tool_weights(self.tools) if self.values is not None else {}
+        total = sum(prior.get(t.name, 1.0) for t in names)
+        return [c for t in names for c in self.opening(t.name[len(prefix) :] + '"' + self.after_name(t), t,
+                                                        0.9 * prior.get(t.name, 1.0) / total)]
 
     def in_call(self, frame: Frame, where: CallPosition) -> list[Continuation]:
         scan = self.scan
@@ -185,12 +233,11 @@ class _Continuations:
             if not frame.keys:
                 head = self.pending_ws("{", 1) + '"name":' + self.style.ws(":", 1) + '"'
                 return [Continuation(head, 0.9)] + [Continuation(head + c.text, c.confidence) for c in self.names("")]
-            return [Continuation(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{"
-                                 + self.args_rest(), 0.9)]
+            return self.args_rest(self.pending_ws(",", 1) + f'"{self.args_key}":' + self.style.ws(":", 1) + "{", 0.9)
         if where is CallPosition.CALL_COLON:
             key = frame.keys[-1] if frame.keys else ""
-            return [Continuation(":" + self.style.ws(":", 1) + ('"' if key == "name" else "{" + self.args_rest()),
-                                 0.9)]
+            head = ":" + self.style.ws(":", 1)
+            return [Continuation(head + '"', 0.9)] if key == "name" else self.args_rest(head + "{", 0.9)
         if where is CallPosition.CALL_VALUE_NEXT:
             key = frame.keys[-1] if frame.keys else ""
             if key == "name":
@@ -198,12 +245,12 @@ class _Continuations:
                 return [Continuation(ws, 0.9)] + [Continuation(ws + c.text, c.confidence) for c in self.names("")]
             tool = self.by_name.get(scan.name or "")
             if key in ARGS_KEYS and tool is not None:
-                return [Continuation(self.pending_ws(":", 1) + "{" + self.args_body(tool), 0.9)]
+                return self.opening(self.pending_ws(":", 1) + "{" + self.args_body(tool), tool, 0.9)
             return []
         # CALL_VALUE_DONE: after the name, or after the arguments object
         tool = self.by_name.get(scan.name or "")
         if frame.keys and frame.keys[-1] == "name" and tool is not None:
-            return [Continuation(self.after_name(tool), 0.9)]
+            return self.opening(self.after_name(tool), tool, 0.9)
         if frame.keys and frame.keys[-1] in ARGS_KEYS:
             close = self.pending_close(1) + "}"
             return [Continuation(close, 0.9)] + [Continuation(close + c.text, c.confidence, True)
@@ -218,10 +265,11 @@ class _Continuations:
             remaining = [p for p in tool.parameters if p.name not in frame.keys]
             ws = self.pending_ws("{" if not frame.keys else ",", 2)
             return [c for i, p in enumerate(remaining[:3])
-                    for c in self.guessed(ws + self.key_value_open(p, 2), p, 0.9 if i == 0 else 0.3)]
+                    for c in self.guessed(ws + self.key_value_open(p, 2), p, 0.9 if i == 0 else 0.3, tool, frame.keys)]
         if where is CallPosition.ARG_COLON:
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
-            return self.guessed(":" + self.style.ws(":", 2) + self.render.value_open(param), param, 0.9)
+            return self.guessed(":" + self.style.ws(":", 2) + self.render.value_open(param), param, 0.9, tool,
+                                frame.keys[:-1])
         if where is CallPosition.ARG_VALUE:
             param = self.param(tool, frame.keys[-1] if frame.keys else "")
             if self.scan.scalar:
@@ -236,15 +284,19 @@ class _Continuations:
         return self.after_value(tool, frame, self.scan.ws, guesses=True)
 
     def in_list(self, frame: Frame) -> list[Continuation]:
-        """In an argument's array of strings (["John Smith", "Jane Doe"]): items copied from the request, then
-        another item or the array's end and what follows the argument."""
+        """In an argument's array of strings (["John Smith", "Jane Doe"]) or numbers ([0.8, 0.7]): items copied from
+        the request, then another item or the array's end and what follows the argument."""
         scan, args = self.scan, self.scan.stack[1]
         tool = self.by_name.get(scan.name or "")
         param = self.param(tool, args.keys[-1]) if tool is not None and args.keys else None
-        if len(scan.stack) != 3 or param is None or param.items is None or param.items.type != "string":
+        if len(scan.stack) != 3 or param is None or param.items is None:
             return []
         ends = [Continuation("]" + c.text, c.confidence, c.end_of_turn)
                 for c in likeliest(self.after_value(tool, args, "")[:2])]
+        if param.items.type in ("number", "integer"):
+            return self.number_items(frame, ends)
+        if param.items.type != "string":
+            return []
         nexts = [Continuation("," + self.style.after.get((",", 3), " ") + '"', 0.6)] + ends
         if not scan.in_string:
             return [] if scan.scalar else [Continuation('"', 0.9)] if frame.expect == "value" else nexts
@@ -254,6 +306,30 @@ class _Continuations:
                for i, rest in enumerate(rests) if rest for c in nexts[:2]]
         end = 0.6 if self.values is not None and self.values.is_span(prefix) else 0.25
         return out + [Continuation('"' + c.text, end * c.confidence, c.end_of_turn) for c in nexts[:2]]
+
+    def number_items(self, frame: Frame, ends: list[Continuation]) -> list[Continuation]:
+        """In an array of numbers: the rest of a request number an item begins, then the number the request names
+        after it as the next item, another item, or the array's end (`ends`)."""
+        scan = self.scan
+        if scan.in_string or self.values is None or (not scan.scalar and frame.expect != "comma"):
+            return []  # an item not begun: nothing says which
+        sep = "," + self.style.after.get((",", 3), " ")
+
+        def after(item: str) -> list[Continuation]:
+            # The request names a number after this one: likely the next item; none: likely the list's end.
+            following = self.values.numbers_after(item)[:1]
+            end = 0.4 if following else 0.6
+            return [Continuation(sep + n, 0.5) for n in following] + [Continuation(sep, 0.25)] \
+                + [Continuation(e.text, end * e.confidence, e.end_of_turn) for e in ends]
+
+        if not scan.scalar:  # after an item: the last one written
+            return after("".join(scan.call_chars).rsplit("[", 1)[-1].rsplit(",", 1)[-1].strip(" ]\n"))
+        written = scan.scalar
+        rests = self.values.number_endings(written)[::-1]  # a list is likeliest written in the request's order
+        out = [Continuation(rest + c.text, 0.5 / (1 + i) * c.confidence, c.end_of_turn)
+               for i, rest in enumerate(rests) if rest for c in after(written + rest)[:2]]
+        end = 0.6 if "" in rests else 0.2
+        return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in after(written)]
 
     def number_rest(self, tool: Tool, frame: Frame, written: str) -> list[Continuation]:
         """Inside a number (or literal): the rest of a request number it begins, then what follows the value;
@@ -270,7 +346,8 @@ class _Continuations:
         each next key run on through the value the request gives it by name (see `guessed`), last."""
         remaining = [p for p in tool.parameters if p.name not in frame.keys]
         required_left = any(p.name in tool.required for p in remaining)
-        keyed = [self.guessed("," + self.style.ws(",", 2) + self.key_value_open(p, 2), p, 0.8 if i == 0 else 0.25)
+        keyed = [self.guessed("," + self.style.ws(",", 2) + self.key_value_open(p, 2), p, 0.8 if i == 0 else 0.25,
+                              tool, frame.keys)
                  for i, p in enumerate(remaining[:2])]
         nexts = [k[0] for k in keyed]
         extra = [c for k in keyed for c in k[1:]] if guesses else []

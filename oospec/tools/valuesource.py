@@ -6,7 +6,11 @@ and times it names written as APIs take them ("April 15th at 2 PM" as 2023-04-15
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cached_property
+
+from oospec.tools.schema import Tool
+from oospec.tools.toolprior import tool_weights
 
 _MONTHS = {m: i + 1 for i, m in enumerate(("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct",
                                            "nov", "dec"))}
@@ -18,6 +22,7 @@ _DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}{_YEAR}", re.IGNORECASE)
 _CLOCK = re.compile(r"\b(\d{1,2})(?::(\d{2}))?(?::(\d{2}))?\s*([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})(?::(\d{2}))?\b",
                     re.IGNORECASE)  # 2 PM, 2:30pm, 14:00, 14:00:00
 _ISO_YEAR = re.compile(r"^\d{4}(?=-|$)")
+_ISO_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2}(?::\d{2})?)?\b")
 # "my password is pass123", "the meeting topic is Sales Meeting", "account identifier: user4", 'titled "Q3"':
 # up to two words between the argument's word and the verb; then a quoted value, or a word and the capitalized
 # words after it.
@@ -25,6 +30,13 @@ _NAMED = r"\b{word}(?:\s+[a-z]+){{0,2}}?\s*(?:\bis\b|\bwas\b|\bare\b|:|=|\bcalle
 _WORD = r'[^\s,;?!()"<>.]+(?:\.[^\s,;?!()"<>.]+)*'  # dots only inside (an email, 1.5), not a sentence's end
 _CAPITALIZED = r'[A-Z0-9][^\s,;?!()"<>.]*(?:\.[^\s,;?!()"<>.]+)*'  # Sales Meeting, Room A
 _NAMED_VALUE = re.compile(rf'"([^"\n]{{1,80}})"|({_WORD}(?:[ ]+{_CAPITALIZED})*)')
+# The argument as a key of an earlier call or a tool's result in the dialogue ({'token': 'a9s8'}, "username":
+# "JohnDoe"): agents pass such values on to the next call.
+_KEYED = r"""(?<![\w'"])['"]{key}['"]\s*:\s*(?:"([^"\n]{{1,80}})"|'([^'\n]{{1,80}})')"""
+_CALL_NAME = re.compile(r"""\s*,\s*['"](?:parameters|arguments)['"]""")
+# A value the user quoted (add "Meeting with clients"; the sequence 'AGTC'); ValueSource.quoted leaves out the
+# keys and values of the dicts and calls the dialogue shows.
+_QUOTED = re.compile(r"""(?<![\w'"])(?:"([^"\n{}]{2,80})"|'([^'\n{}]{2,80})')(?![\w'"])""")
 
 
 class ValueSource:
@@ -39,6 +51,7 @@ class ValueSource:
         self.max_spans = max_spans
         self.max_words = max_words
         self._named: dict[str, list[str]] = {}  # argument -> named(argument): asked at every step of a call
+        self._tool_weights: dict[tuple[str, ...], dict[str, float]] = {}
 
     def endings(self, prefix: str) -> list[str]:
         """Rests of request spans that begin with `prefix` at a word start, latest mention first, ending after
@@ -66,8 +79,11 @@ class ValueSource:
     def date_endings(self, prefix: str) -> list[str]:
         """Rests of the request's dates and times written as ISO values (2023-04-15, 2023-04-15 14:00:00,
         14:00:00, 14:00) that begin with `prefix`; a date's year is the one `prefix` starts with, else one the
-        request names (none: nothing until the target has written its year)."""
-        if not prefix or not (self.dates or self.times):
+        request names (none: nothing until the target has written its year). With no `prefix` (the value not
+        begun), the dates whose year is known and the ISO dates the request writes itself."""
+        if not prefix:
+            return self.whole_dates
+        if not (self.dates or self.times):
             return []
         year = _ISO_YEAR.match(prefix)
         years = [year.group()] if year else self.years
@@ -82,6 +98,14 @@ class ValueSource:
             if value.startswith(prefix) and value[len(prefix):] and value[len(prefix):] not in out:
                 out.append(value[len(prefix):])
         return out[: self.max_spans]
+
+    @cached_property
+    def whole_dates(self) -> list[str]:
+        """The ISO dates the request writes itself, then its dates in words whose year it names, as ISO values."""
+        out = list(reversed(_ISO_DATE.findall(self.text)))
+        for digit in dict.fromkeys(year[0] for year in self.years):
+            out += [digit + rest for rest in self.date_endings(digit)]
+        return list(dict.fromkeys(out))[: self.max_spans]
 
     @cached_property
     def dates(self) -> list[tuple[str | None, int, int]]:
@@ -113,6 +137,13 @@ class ValueSource:
     def years(self) -> list[str]:
         return list(dict.fromkeys(reversed(re.findall(r"\b(?:19|20)\d{2}\b", self.text))))
 
+    def tool_weights(self, tools: Sequence[Tool]) -> dict[str, float]:
+        """Tool name -> the chance that the next call names it, from this text (oospec.tools.toolprior)."""
+        key = tuple(t.name for t in tools)
+        if key not in self._tool_weights:
+            self._tool_weights[key] = dict(zip(key, tool_weights(tools, self.text)))
+        return self._tool_weights[key]
+
     def named(self, argument: str) -> list[str]:
         """Values the request gives the argument by name ("my password is pass123" for `password`, "the meeting
         topic is Sales Meeting" for `meeting_topic`), latest mention first: guesses for a value not begun."""
@@ -132,14 +163,31 @@ class ValueSource:
                     text = value.group(1) or value.group(2).rstrip(self._TRAILING)
                     if text:
                         found.append((m.start(), text))
+        for m in re.finditer(_KEYED.format(key=re.escape(argument)), self.text):
+            if not _CALL_NAME.match(self.text, m.end()):  # {"name": "GetUserToken", "parameters": ...} names a tool
+                found.append((m.start(), m.group(1) or m.group(2)))
         found.sort(key=lambda f: -f[0])
         return list(dict.fromkeys(text for _, text in found))[: self.max_spans]
+
+    @cached_property
+    def quoted(self) -> list[str]:
+        """The strings the request quotes as values, latest first (not the keys and values of dicts it shows)."""
+        found = [m.group(1) or m.group(2) for m in _QUOTED.finditer(self.text)
+                 if not self.text[: m.start()].rstrip().endswith(":") and not self.text[m.end():].lstrip().startswith(":")]
+        return list(dict.fromkeys(reversed([q for q in found if q.strip()])))[: self.max_spans]
 
     def is_span(self, prefix: str) -> bool:
         """`prefix` is a whole span of the request: it starts a word there and a word ends with it."""
         return bool(prefix) and re.search(r"(?<!\w)" + re.escape(prefix) + r"(?!\w)", self.text) is not None
 
-    _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w.])")
+    _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\w|\.\d)")  # "0.7." ends a sentence
+
+    def numbers_after(self, number: str) -> list[str]:
+        """The numbers the request names right after `number` ("values of 0.8 and 0.7": 0.7 after 0.8), latest
+        mention first."""
+        found = list(self._NUMBER.finditer(self.text))
+        out = [b.group() for a, b in zip(found, found[1:]) if a.group() == number]
+        return list(dict.fromkeys(reversed(out)))
 
     def number_endings(self, prefix: str) -> list[str]:
         """Rests of the request's numbers that begin with `prefix` (a number being written), latest first; ""
