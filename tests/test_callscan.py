@@ -262,3 +262,19 @@ def test_an_array_of_numbers_is_drafted_item_by_item_from_the_request():
     assert best("") is None  # no item begun: nothing says which
     assert best("0.") == "8, 0.7"  # the request's number, then the one it names next
     assert best("0.8") == ", 0.7" and best("0.8, 0.7") == '], "k": "'
+
+
+def test_numeric_arguments_are_guessed_in_the_order_the_request_gives_its_numbers():
+    values = ValueSource("Plan a 7 days trip to Tokyo with daily budgets not exceeding $100, for 2 people.")
+    assert values.next_numbers("") == ["7", "100", "2"]
+    assert values.next_numbers('{"days": 7, "budget": ') == ["100", "2"]  # after the last number the call used
+    assert values.next_numbers('{"days": 100') == ["2"]
+    tools = [Tool("plan", parameters=(Param("city"), Param("days", type="integer"), Param("budget", type="number")))]
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "plan", "arguments": {"city": "Tokyo", "days": ')
+    conts = structure_continuations(scan, tools, Habits(), "arguments", (), values)
+    assert max(conts, key=lambda c: c.confidence).text == '7, "budget": '  # the value, then the next key
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "plan", "arguments": {"city": "Tokyo')  # the value may end here: the next key's guess too
+    texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
+    assert '", "days": ' in texts and '", "days": 7, "budget": ' in texts

@@ -41,6 +41,7 @@ def structure_continuations(
 NAMED_HITS = (0.8, 0.3)
 DATE_HITS = (0.5, 0.15)
 QUOTED_HITS = (0.15, 0.1)
+NUMBER_HITS = (0.55, 0.2)  # see ValueSource.next_numbers
 RUN_ON_VALUES = 2  # a guessed value's draft runs on through at most this many further named values
 
 
@@ -90,27 +91,33 @@ class _Continuations:
 
     def guessed(self, text: str, param: Param | None, confidence: float, tool: Tool | None,
                 done: Sequence[str] = ()) -> list[Continuation]:
-        """`text`, which ends where `param`'s string value begins, and the same run on through each whole value the
-        request makes likely for it (`starts`), closed, and on into what follows (`run_on`): one forward for key,
-        value and the next key. `done`: the keys of `tool`'s call written before `param`."""
+        """`text`, which ends where `param`'s value begins, and the same run on through each whole value the
+        request makes likely for it (`starts`) and on into what follows (`run_on`): one forward for key, value
+        and the next key. `done`: the keys of `tool`'s call written before `param`."""
         out = [Continuation(text, confidence)]
         starts = self.starts(param)
         if not starts:
             return out
         after = self.run_on(tool, (*done, param.name))
-        return out + [Continuation(text + value + '"' + after, confidence * weight) for value, weight in starts]
+        return out + [Continuation(text + value + after, confidence * weight) for value, weight in starts]
 
     def starts(self, param: Param | None) -> list[tuple[str, float]]:
-        """Whole string values for `param` before it has begun, each with its chance relative to the text before:
-        the values the request gives it by name ("my password is pass123", {'token': 'a9s8'}), then the request's
-        dates for a date or time argument, else the strings the user quoted."""
-        if param is None or self.values is None or self.render.value_open(param) != '"':
+        """Whole values for `param` before it has begun (a string's with its closing quote), each with its chance
+        relative to the text before. A string: the values the request gives it by name ("my password is
+        pass123", {'token': 'a9s8'}), then the request's dates for a date or time argument, else the strings the
+        user quoted. A number: the request's numbers after those the call has used (ValueSource.next_numbers)."""
+        if param is None or self.values is None:
+            return []
+        opener = self.render.value_open(param)
+        if param.type in ("number", "integer") and not opener:
+            return list(zip(self.values.next_numbers("".join(self.scan.call_chars)), NUMBER_HITS))
+        if opener != '"':
             return []
         named = self.values.named(param.name)[: len(NAMED_HITS)]
         temporal = _temporal(param)
         others = [v for v in (self.values.date_endings("") if temporal else self.values.quoted) if v not in named]
         hits = DATE_HITS if temporal else QUOTED_HITS
-        return [*zip(named, NAMED_HITS), *zip(others, hits)]
+        return [(v + '"', w) for v, w in (*zip(named, NAMED_HITS), *zip(others, hits))]
 
     def run_on(self, tool: Tool | None, done: Sequence[str], depth: int = 0) -> str:
         """What follows a guessed value of `tool`'s call whose keys `done` are written: the next key in schema order,
@@ -194,8 +201,9 @@ class _Continuations:
                 p.name[len(prefix) :] + '":' + self.style.ws(":", 2) + self.render.value_open(p), p,
                 0.9 if i == 0 else 0.3, tool, frame.keys)]
         param = self.param(tool, frame.keys[-1] if frame.keys else "")
-        nexts = self.after_value(tool, frame, "")[:2]
-        first = likeliest(nexts) or [Continuation("", 1.0)]
+        after = self.after_value(tool, frame, "")
+        nexts = after[:2]
+        first = likeliest(after) or [Continuation("", 1.0)]
         if param is not None and param.enum:
             options = [str(v) for v in param.enum if isinstance(v, str) and str(v).startswith(prefix)]
             return [Continuation(v[len(prefix) :] + '"' + nxt.text, 0.6 * nxt.confidence, nxt.end_of_turn)
@@ -215,7 +223,7 @@ class _Continuations:
         # The value may also end right here: cheap as a side branch, right whenever the next token is `"`, and
         # likely where what is written is a whole span of the request (unless it begins one of its dates).
         end = 0.6 if self.values is not None and self.values.is_span(prefix) and not dates else 0.25
-        out += [Continuation('"' + nxt.text, end * nxt.confidence, nxt.end_of_turn) for nxt in nexts]
+        out += [Continuation('"' + nxt.text, end * nxt.confidence, nxt.end_of_turn) for nxt in likeliest(after) + nexts[1:]]
         return out
 
     def names(self, prefix: str) -> list[Continuation]:
@@ -277,11 +285,12 @@ class _Continuations:
                     return [Continuation(word[len(self.scan.scalar) :], 0.9) for word in ("true", "false")
                             if word.startswith(self.scan.scalar) and word != self.scan.scalar]
                 return self.number_rest(tool, frame, self.scan.scalar)
-            opener = self.render.value_open(param)
             if param is not None and param.type == "boolean":
                 return [Continuation(self.pending_ws(":", 2) + w, 0.45) for w in ("true", "false")]
-            return [Continuation(self.pending_ws(":", 2) + opener, 0.9)] if opener else []
-        return self.after_value(tool, frame, self.scan.ws, guesses=True)
+            head = self.pending_ws(":", 2) + self.render.value_open(param)
+            guesses = self.guessed(head, param, 0.9, tool, frame.keys[:-1])
+            return guesses if head else guesses[1:]
+        return self.after_value(tool, frame, self.scan.ws)
 
     def in_list(self, frame: Frame) -> list[Continuation]:
         """In an argument's array of strings (["John Smith", "Jane Doe"]) or numbers ([0.8, 0.7]): items copied from
@@ -292,7 +301,7 @@ class _Continuations:
         if len(scan.stack) != 3 or param is None or param.items is None:
             return []
         ends = [Continuation("]" + c.text, c.confidence, c.end_of_turn)
-                for c in likeliest(self.after_value(tool, args, "")[:2])]
+                for c in likeliest(self.after_value(tool, args, ""))]
         if param.items.type in ("number", "integer"):
             return self.number_items(frame, ends)
         if param.items.type != "string":
@@ -334,23 +343,24 @@ class _Continuations:
     def number_rest(self, tool: Tool, frame: Frame, written: str) -> list[Continuation]:
         """Inside a number (or literal): the rest of a request number it begins, then what follows the value;
         or the value ending here (likely where it is one of the request's numbers whole)."""
-        nexts = self.after_value(tool, frame, "")[:2]
+        after = self.after_value(tool, frame, "")
+        first = likeliest(after)
         rests = self.values.number_endings(written) if self.values is not None else []
         out = [Continuation(rest + nxt.text, 0.5 / (1 + i) * nxt.confidence, nxt.end_of_turn)
-               for i, rest in enumerate(rests) if rest for nxt in likeliest(nexts)]
+               for i, rest in enumerate(rests) if rest for nxt in first]
         end = 0.6 if "" in rests else 0.2
-        return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in nexts]
+        return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in first + after[1:2]]
 
-    def after_value(self, tool: Tool, frame: Frame, written_ws: str, guesses: bool = False) -> list[Continuation]:
-        """After an argument's value: the next key in schema order, or the end of the call; with `guesses`, also
-        each next key run on through the value the request gives it by name (see `guessed`), last."""
+    def after_value(self, tool: Tool, frame: Frame, written_ws: str) -> list[Continuation]:
+        """After an argument's value: the next key in schema order, or the end of the call; last, each next key
+        run on through the values guessed for it (see `guessed`), which `likeliest` keeps with their key."""
         remaining = [p for p in tool.parameters if p.name not in frame.keys]
         required_left = any(p.name in tool.required for p in remaining)
         keyed = [self.guessed("," + self.style.ws(",", 2) + self.key_value_open(p, 2), p, 0.8 if i == 0 else 0.25,
                               tool, frame.keys)
                  for i, p in enumerate(remaining[:2])]
         nexts = [k[0] for k in keyed]
-        extra = [c for k in keyed for c in k[1:]] if guesses else []
+        extra = [c for k in keyed for c in k[1:]]
         close_text = self.render.close()
         close_text = close_text[len(written_ws) :] if close_text.startswith(written_ws) else close_text
         close = [Continuation(close_text, 0.85)] + [Continuation(close_text + c.text, c.confidence, True)
