@@ -6,6 +6,7 @@ checked identical to the first method's.
     python experiments/drafts_validation.py --dataset apibank:1
     python experiments/drafts_validation.py --dataset bfcl
     python experiments/drafts_validation.py --dataset bfcl --fresh-drafter   # as a one-shot process drafts
+    python experiments/drafts_validation.py --dataset apibank:1 --wide       # the first 40 training items
 
 One drafter serves the items in order by default, as in `oospec bench run` and a server (its habits, the
 target's openers, closers and whitespace, are learned from the first reply); `--fresh-drafter` starts a new one
@@ -25,15 +26,24 @@ VALIDATION_ITEMS = {
     "apibank:1": [f"apibank-l1-{i}" for i in (8, 9, 10, 14, 15, 16, 18, 19, 20, 21, 22, 23, 24, 25)],
     "bfcl": [f"simple_python_{i}" for i in (34, 35, 38, 49, 59, 62, 63, 67, 72, 73)],
 }
+# --wide: the first 40 training items of each (the ones above first), in file order.
+VALIDATION_WIDE = {
+    "apibank:1": VALIDATION_ITEMS["apibank:1"] + [f"apibank-l1-{i}" for i in (
+        29, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 45, 46, 47, 48, 49, 51, 52, 53, 54, 56, 57, 58, 59)],
+    "bfcl": VALIDATION_ITEMS["bfcl"] + [f"simple_python_{i}" for i in (
+        84, 88, 94, 104, 107, 113, 117, 130, 134, 136, 138, 142, 143, 148, 149, 156, 157, 174, 184, 185, 188, 192,
+        195, 205, 211, 212, 213, 214, 220, 221)],
+}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dataset", default="apibank:1", choices=sorted(VALIDATION_ITEMS))
     ap.add_argument("--fresh-drafter", action="store_true", help="a new drafter for every item (nothing learned)")
+    ap.add_argument("--wide", action="store_true", help="the first 40 training items instead of the first 10-14")
     args = ap.parse_args()
     engine = oospec.Engine.from_pretrained("qwen2.5-coder-1.5b", dtype="auto")
-    wanted = VALIDATION_ITEMS[args.dataset]
+    wanted = (VALIDATION_WIDE if args.wide else VALIDATION_ITEMS)[args.dataset]
     samples = sorted((s for s in load_dataset(args.dataset) if s.id in wanted), key=lambda s: wanted.index(s.id))
     methods = {"toolspec": make_drafter("toolspec"), "oospec (no sidecar process)": make_drafter("oospec")}
     totals = {m: [0, 0, 0.0] for m in methods}

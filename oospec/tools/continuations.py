@@ -35,7 +35,7 @@ def structure_continuations(
 
 
 # How often a whole value guessed before it begins is the value (the first guess, the second): measured against
-# the gold calls of the API-Bank and BFCL items the sidecar trained on (1,231 string values; /work/main's
+# the gold calls of the API-Bank and BFCL items the sidecar trained on (1,231 string values;
 # docs/results-history.md, 2026-12-06). Named for the argument: 81% / 30%; the request's dates for a date or time
 # argument: 52% / 14%; the strings the user quoted: 15% / 9%.
 NAMED_HITS = (0.8, 0.3)
@@ -223,7 +223,8 @@ class _Continuations:
         # The value may also end right here: cheap as a side branch, right whenever the next token is `"`, and
         # likely where what is written is a whole span of the request (unless it begins one of its dates).
         end = 0.6 if self.values is not None and self.values.is_span(prefix) and not dates else 0.25
-        out += [Continuation('"' + nxt.text, end * nxt.confidence, nxt.end_of_turn) for nxt in likeliest(after) + nexts[1:]]
+        out += [Continuation('"' + nxt.text, end * nxt.confidence, nxt.end_of_turn)
+                for nxt in likeliest(after) + nexts[1:]]
         return out
 
     def names(self, prefix: str) -> list[Continuation]:

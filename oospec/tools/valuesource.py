@@ -172,8 +172,10 @@ class ValueSource:
     @cached_property
     def quoted(self) -> list[str]:
         """The strings the request quotes as values, latest first (not the keys and values of dicts it shows)."""
-        found = [m.group(1) or m.group(2) for m in _QUOTED.finditer(self.text)
-                 if not self.text[: m.start()].rstrip().endswith(":") and not self.text[m.end():].lstrip().startswith(":")]
+        text = self.text
+        found = [m.group(1) or m.group(2) for m in _QUOTED.finditer(text)  # a few characters around, never more
+                 if not text[max(0, m.start() - 8) : m.start()].rstrip().endswith(":")
+                 and not text[m.end() : m.end() + 8].lstrip().startswith(":")]
         return list(dict.fromkeys(reversed([q for q in found if q.strip()])))[: self.max_spans]
 
     def is_span(self, prefix: str) -> bool:
@@ -185,16 +187,21 @@ class ValueSource:
     def numbers_after(self, number: str) -> list[str]:
         """The numbers the request names right after `number` ("values of 0.8 and 0.7": 0.7 after 0.8), latest
         mention first."""
-        found = list(self._NUMBER.finditer(self.text))
-        out = [b.group() for a, b in zip(found, found[1:]) if a.group() == number]
+        found = self.numbers
+        out = [b for (_, a), (_, b) in zip(found, found[1:]) if a == number]
         return list(dict.fromkeys(reversed(out)))
+
+    @cached_property
+    def numbers(self) -> list[tuple[int, str]]:
+        """(position, text) of the request's numbers, in its order."""
+        return [(m.start(), m.group()) for m in self._NUMBER.finditer(self.text)]
 
     def next_numbers(self, written: str) -> list[str]:
         """The request's numbers, in its order, after the last of them that `written` (a call's text so far) uses,
         less those it uses: an API's numeric arguments mostly come in the order the request gives them (the first
         of these is the value in 57% of the numeric arguments of the API-Bank and BFCL items the sidecar trained
         on, the second in 21%; docs/results-history.md, 2026-12-06)."""
-        found = [(m.start(), m.group()) for m in self._NUMBER.finditer(self.text)]
+        found = self.numbers
         used = set(self._NUMBER.findall(written))
         first = {}
         for pos, number in found:
@@ -206,8 +213,7 @@ class ValueSource:
         """Rests of the request's numbers that begin with `prefix` (a number being written), latest first; ""
         where `prefix` is one of them whole."""
         out: list[str] = []
-        for match in reversed(list(self._NUMBER.finditer(self.text))):
-            number = match.group()
+        for _, number in reversed(self.numbers):
             if number.startswith(prefix) and number[len(prefix):] not in out:
                 out.append(number[len(prefix):])
             if len(out) >= self.max_spans:
