@@ -110,7 +110,8 @@ class _Continuations:
             return []
         opener = self.render.value_open(param)
         if param.type in ("number", "integer") and not opener:
-            return list(zip(self.values.next_numbers("".join(self.scan.call_chars)), NUMBER_HITS))
+            numbers = self.values.next_numbers("".join(self.scan.call_chars), limit=len(NUMBER_HITS))
+            return list(zip(numbers, NUMBER_HITS))
         if opener != '"':
             return []
         named = self.values.named(param.name)[: len(NAMED_HITS)]

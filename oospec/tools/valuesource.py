@@ -6,6 +6,7 @@ and times it names written as APIs take them ("April 15th at 2 PM" as 2023-04-15
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
 from collections.abc import Sequence
 from functools import cached_property
 
@@ -196,18 +197,32 @@ class ValueSource:
         """(position, text) of the request's numbers, in its order."""
         return [(m.start(), m.group()) for m in self._NUMBER.finditer(self.text)]
 
-    def next_numbers(self, written: str) -> list[str]:
+    def next_numbers(self, written: str, limit: int | None = None) -> list[str]:
         """The request's numbers, in its order, after the last of them that `written` (a call's text so far) uses,
-        less those it uses: an API's numeric arguments mostly come in the order the request gives them (the first
-        of these is the value in 57% of the numeric arguments of the API-Bank and BFCL items the sidecar trained
-        on, the second in 21%; docs/results-history.md, 2026-12-06)."""
-        found = self.numbers
+        less those it uses (at most `limit`): an API's numeric arguments mostly come in the order the request gives
+        them (the first of these is the value in 57% of the numeric arguments of the API-Bank and BFCL items the
+        sidecar trained on, the second in 21%; docs/results-history.md, 2026-12-06)."""
         used = set(self._NUMBER.findall(written))
-        first = {}
-        for pos, number in found:
-            first.setdefault(number, pos)
+        first = self._first_positions
         last = max((first[n] for n in used if n in first), default=-1)
-        return list(dict.fromkeys(n for pos, n in found if pos > last and n not in used))
+        out: list[str] = []
+        for _, number in self.numbers[bisect_right(self._positions, last) :]:  # a drafting step reads no more
+            if number not in used and number not in out:  # than it needs, however long the request
+                out.append(number)
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    @cached_property
+    def _positions(self) -> list[int]:
+        return [pos for pos, _ in self.numbers]
+
+    @cached_property
+    def _first_positions(self) -> dict[str, int]:
+        first: dict[str, int] = {}
+        for pos, number in self.numbers:
+            first.setdefault(number, pos)
+        return first
 
     def number_endings(self, prefix: str) -> list[str]:
         """Rests of the request's numbers that begin with `prefix` (a number being written), latest first; ""
