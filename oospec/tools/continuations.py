@@ -319,27 +319,27 @@ class _Continuations:
         return out + [Continuation('"' + c.text, end * c.confidence, c.end_of_turn) for c in nexts[:2]]
 
     def number_items(self, frame: Frame, ends: list[Continuation]) -> list[Continuation]:
-        """In an array of numbers: the rest of a request number an item begins, then the number the request names
-        after it as the next item, another item, or the array's end (`ends`)."""
+        """In an array of numbers: the rest of a request number an item begins, then the request's next number as
+        the next item (ValueSource.next_numbers), another item, or the array's end (`ends`)."""
         scan = self.scan
         if scan.in_string or self.values is None or (not scan.scalar and frame.expect != "comma"):
             return []  # an item not begun: nothing says which
         sep = "," + self.style.after.get((",", 3), " ")
+        call = "".join(scan.call_chars)
+        before = call[: len(call) - len(scan.scalar)]  # the call up to the item being written
 
         def after(item: str) -> list[Continuation]:
             # The request names a number after this one: likely the next item; none: likely the list's end.
-            following = self.values.numbers_after(item)[:1]
+            following = self.values.next_numbers(before + item, limit=1)
             end = 0.4 if following else 0.6
             return [Continuation(sep + n, 0.5) for n in following] + [Continuation(sep, 0.25)] \
                 + [Continuation(e.text, end * e.confidence, e.end_of_turn) for e in ends]
 
-        if not scan.scalar:  # after an item: the last one written
-            return after("".join(scan.call_chars).rsplit("[", 1)[-1].rsplit(",", 1)[-1].strip(" ]\n"))
         written = scan.scalar
-        rests = self.values.number_endings(written)[::-1]  # a list is likeliest written in the request's order
+        rests = self.values.number_endings(written)[::-1] if written else []  # in the request's order
         out = [Continuation(rest + c.text, 0.5 / (1 + i) * c.confidence, c.end_of_turn)
                for i, rest in enumerate(rests) if rest for c in after(written + rest)[:2]]
-        end = 0.6 if "" in rests else 0.2
+        end = 0.6 if "" in rests or not written else 0.2
         return out + [Continuation(c.text, end * c.confidence, c.end_of_turn) for c in after(written)]
 
     def number_rest(self, tool: Tool, frame: Frame, written: str) -> list[Continuation]:

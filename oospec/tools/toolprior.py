@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Sequence
 
 from oospec.tools.schema import Tool
@@ -38,8 +37,8 @@ def tool_weights(tools: Sequence[Tool], dialogue: str) -> list[float]:
     """For each of `tools`, the chance that the next call names it (the weights sum to 1)."""
     if len(tools) <= 1:
         return [1.0] * len(tools)
-    seen = Counter(_stems(_words(dialogue)))
-    recent = Counter(_stems(_words(dialogue[-_RECENT_CHARS:])))
+    seen = set(_stems(_words(dialogue)))
+    recent = set(_stems(_words(dialogue[-_RECENT_CHARS:])))
 
     def score(tool: Tool) -> float:
         name = _stems(_words(tool.name))

@@ -185,13 +185,6 @@ class ValueSource:
 
     _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\w|\.\d)")  # "0.7." ends a sentence
 
-    def numbers_after(self, number: str) -> list[str]:
-        """The numbers the request names right after `number` ("values of 0.8 and 0.7": 0.7 after 0.8), latest
-        mention first."""
-        found = self.numbers
-        out = [b for (_, a), (_, b) in zip(found, found[1:]) if a == number]
-        return list(dict.fromkeys(reversed(out)))
-
     @cached_property
     def numbers(self) -> list[tuple[int, str]]:
         """(position, text) of the request's numbers, in its order."""
