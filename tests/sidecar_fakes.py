@@ -16,8 +16,9 @@ class FakePredictor:
     """Answers every job according to `mode`; `answer` is the best guess it reports when it answers well."""
 
     def __init__(self, mode: str = "good", answer: dict | None = None, delay_s: float = 0.0, gate: str | None = None,
-                 started_dir: str | None = None):
+                 started_dir: str | None = None, precision: str | None = None, dtype: str | None = None):
         self.mode = mode
+        self.precision = precision  # what a real predictor reports it computes in ("auto" resolved)
         self.answer = answer or {}
         self.delay_s = delay_s
         self.gate = gate  # a file path: each job waits until the test creates it (an answer late on demand)

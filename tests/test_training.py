@@ -142,7 +142,7 @@ def test_lora_learns_a_call_and_the_predictor_uses_it(smol, tmp_path):
     config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == "smollm2-135m"  # a name any machine resolves, not a cache path
     predictor = SidecarPredictor(model, tok)  # base model, then the adapter merged into a copy
-    trained = SidecarPredictor.from_pretrained("smollm2-135m", adapter=str(tmp_path / "adapter"))
+    trained = SidecarPredictor.from_pretrained("smollm2-135m", adapter=str(tmp_path / "adapter"), dtype="float32")
     job = job_for(trace)
     tools = tools_from_openai(trace["tools"])
     payload = parse_payload(trained.predict(job), job.request_id, tools)

@@ -45,6 +45,7 @@ class BenchConfig:
     sidecar_model: str = DEFAULT_SIDECAR
     sidecar_threads: int = 1
     sidecar_device: str = "cpu"
+    sidecar_dtype: str = "auto"  # see oospec.models.cpu_features.drafter_dtype
     sidecar_adapter: str | None = "auto"  # see oospec.sidecar.process.resolve_adapter
     allow_trained_items: bool = False  # run items the sidecar adapter was trained on (else refused)
     out: str | Path | None = None

@@ -30,7 +30,7 @@ from oospec.bench.records import RecordLog, compared, output_folder, write_json
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
                                  summarize_sidecar, summarize_turns)
 from oospec.engine.threads import torch_threads
-from oospec.models.cpu_features import cpu_model, drafter_dtype
+from oospec.models.cpu_features import cpu_model
 
 log = logging.getLogger("oospec.bench")
 
@@ -69,7 +69,7 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
         if own_sidecar:
             sidecar = _start_sidecar(cfg)
         shared.sidecar = sidecar if with_sidecar else None
-        header = _header(cfg, engine, methods, cores, datasets, adapter, trained)
+        header = _header(cfg, engine, methods, cores, datasets, adapter, trained, shared.sidecar)
         t0 = time.perf_counter()
         try:
             records, divergences = _run_methods(methods, datasets, shared, out)
@@ -196,7 +196,7 @@ def _start_sidecar(cfg: BenchConfig):
 
     # The sidecar's dtype is not the target's: a drafter runs in the fastest precision its device has.
     sidecar = make_sidecar(SidecarSettings(cfg.sidecar_model, cfg.sidecar_adapter, cfg.sidecar_threads,
-                                           cfg.sidecar_device))
+                                           cfg.sidecar_device, cfg.sidecar_dtype))
     if not sidecar.ready:
         raise BenchError(f"the sidecar {cfg.sidecar_model!r} did not start: see the warning above")
     return sidecar
@@ -204,7 +204,8 @@ def _start_sidecar(cfg: BenchConfig):
 
 # -- the files ------------------------------------------------------------------------------------------------
 def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, datasets, adapter: str | None,
-            trained: list[dict]) -> dict:
+            trained: list[dict], shared_sidecar=None) -> dict:
+    """The run's facts; `shared_sidecar`: the started sidecar, whose precision ("auto" resolved) is recorded."""
     from oospec.sidecar.provenance import weights_sha256
 
     names = [m.name for m in methods]
@@ -222,7 +223,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "assistant_kernels": kernels_note(methods[0].shared.assistant_model) if "hf-assisted" in names else None,
         "sidecar": {"model": cfg.sidecar_model, "adapter": adapter, "adapter_sha256": weights_sha256(adapter),
                     "threads": cfg.sidecar_threads, "device": cfg.sidecar_device,
-                    "dtype": drafter_dtype(cfg.sidecar_device),
+                    "dtype": getattr(shared_sidecar, "precision", None) or cfg.sidecar_dtype,
                     "cache": "cleared before a run of the item the sidecar served last (another method's, or "
                              "the warm-up)"} if cores.sidecar_device is not None else None,
         "target_threads": cores.target,
@@ -327,6 +328,8 @@ def command_line(cfg: BenchConfig) -> str:
         parts += ["--sidecar-model", cfg.sidecar_model, "--sidecar-threads", str(cfg.sidecar_threads),
                   "--sidecar-device", cfg.sidecar_device]
         parts += ["--sidecar-adapter", str(cfg.sidecar_adapter or "none")]
+        if cfg.sidecar_dtype != "auto":
+            parts += ["--sidecar-dtype", cfg.sidecar_dtype]
         if cfg.allow_trained_items:
             parts.append("--allow-trained-items")
     if cfg.out:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from oospec.cli.options import add_command, add_max_new_tokens_option, add_threads_option, positive_int, set_threads
 from oospec.errors import OospecError
+from oospec.models.cpu_features import DRAFTER_DTYPES
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 from oospec.sidecar.selfdraft import SLOT_ORDERS
 
@@ -135,7 +136,8 @@ def cmd_eval(args) -> None:
         if used:
             notes.append(f"{name}: {len(used)} of {len(traces)} requests are not held out from its training data "
                          f"(e.g. {used[0]}): its figures on them measure recall")
-        predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter, **(overrides if adapter else {}))
+        predictor = SidecarPredictor.from_pretrained(args.base, adapter=adapter, dtype=args.dtype,
+                                                     **(overrides if adapter else {}))
         results[name] = {**agreement(predictor, traces), "not_held_out": used}
     report = format_report(results) + "".join(f"\n\nNote: {n}" for n in notes)
     print(report)
@@ -169,7 +171,7 @@ def cmd_tune(args) -> None:
     limit = {} if args.max_missed_calls is None else {"max_missed_calls": args.max_missed_calls}
     chosen = []
     for folder in args.adapter:
-        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder), traces, **limit)
+        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder, dtype="float32"), traces, **limit)
         print(f"\n{folder}\n\n{format_grid(result)}")
         settings = write_tuning(folder, result, args.traces, checked[folder])
         met = "" if result["constraint_met"] else (
@@ -254,6 +256,8 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--slot-order", choices=SLOT_ORDERS, default=None,
                    help="parallel: one row per slot; in-order: then the best call written in one row, the parallel "
                         "values as its draft (default: each one's sidecar.json)")
+    p.add_argument("--dtype", choices=DRAFTER_DTYPES, default="float32",
+                   help="the sidecar's precision (auto: what a running sidecar takes on this machine)")
     p.set_defaults(func=cmd_eval)
     p = add_command(sc, "tune", "choose an adapter's sidecar.json settings on the validation traces",
                     "oospec sidecar tune --traces runs/sidecar-split/validation.jsonl --adapter runs/sidecar-adapter")

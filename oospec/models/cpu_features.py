@@ -13,6 +13,7 @@ emulated (AVX2, AVX-512 without BF16) it converts to float32 inside and is slowe
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
 
@@ -49,12 +50,32 @@ def auto_dtype(device: str) -> str:
     return "float32"  # every CPU: see the module docstring for why not bfloat16 where it is native
 
 
-def drafter_dtype(device: str, flags: frozenset[str] | None = None) -> str:
-    """The dtype `auto` means for a drafter's model on `device`: bfloat16 on CUDA and on CPUs with native bfloat16
-    (about twice the float32 speed there), float32 on other CPUs (where bfloat16 is emulated and slower)."""
-    if str(device).startswith("cuda") or native_bf16(flags):
+# What a drafter's model may run in: "auto" is `drafter_dtype`'s rule; int8 (oospec.models.int8) only on a CPU.
+DRAFTER_DTYPES = ("auto", "float32", "bfloat16", "int8")
+
+
+def drafter_dtype(device: str, flags: frozenset[str] | None = None,
+                  job_seconds: Callable[[str], float] | None = None) -> str:
+    """The precision `auto` means for a drafter's model on `device`. CUDA: bfloat16. A CPU: its float precision
+    (native bfloat16 where the flags have it, else float32: emulated bfloat16 is slower than float32), or int8
+    (oospec.models.int8) where a sidecar-shaped job of products measures at least INT8_MARGIN times faster in
+    int8 than in that float precision. `job_seconds(dtype)`: that measurement (default: timed on this CPU once
+    per process; None-equivalent where torch has no int8 engine)."""
+    if str(device).startswith("cuda"):
         return "bfloat16"
-    return "float32"
+    float_dtype = "bfloat16" if native_bf16(flags) else "float32"
+    if not str(device).startswith("cpu"):
+        return float_dtype
+    from oospec.models.int8 import INT8_MARGIN, int8_available, measured_job_seconds
+
+    if job_seconds is None:
+        if not int8_available():
+            return float_dtype
+        import torch
+
+        threads = torch.get_num_threads()
+        job_seconds = lambda dtype: measured_job_seconds(dtype, threads)  # noqa: E731
+    return "int8" if job_seconds(float_dtype) >= INT8_MARGIN * job_seconds("int8") else float_dtype
 
 
 @lru_cache(maxsize=1)

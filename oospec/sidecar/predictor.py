@@ -121,6 +121,8 @@ class SidecarPredictor:
         if slot_order not in SLOT_ORDERS:
             raise ValueError(f"slot_order must be one of {', '.join(SLOT_ORDERS)}, got {slot_order!r}")
         self.model = model.eval()
+        # What it computes in: float32, bfloat16, ... or "int8" (set by from_pretrained, which quantizes).
+        self.precision = str(next(model.parameters()).dtype).removeprefix("torch.")
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
         self.memory_budget = memory_budget  # bytes of working set (None: oospec.sidecar.memory's default)
@@ -158,7 +160,13 @@ class SidecarPredictor:
                         optimize: bool = True, **kwargs) -> SidecarPredictor:
         from oospec.models.loading import load_model
 
-        model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
+        from oospec.models.cpu_features import drafter_dtype
+
+        dtype = drafter_dtype(device) if dtype == "auto" else dtype  # a drafter: the fastest precision here
+        int8 = dtype == "int8"
+        if int8 and not str(device).startswith("cpu"):
+            raise ValueError(f"dtype 'int8' is a CPU precision for the sidecar, not one for {device!r}")
+        model, tokenizer = load_model(name_or_path, dtype="float32" if int8 else dtype, device=device)
         if adapter:
             from peft import PeftModel
 
@@ -166,11 +174,18 @@ class SidecarPredictor:
             settings = Path(adapter) / SIDECAR_SETTINGS
             if settings.is_file():
                 kwargs = {**json.loads(settings.read_text()), **kwargs}
+        if int8:  # after the merge: the adapter's factors belong to the weights they are added to
+            from oospec.models.int8 import quantize_int8
+
+            quantize_int8(model)
         if optimize and str(device).startswith("cpu"):
             from oospec.engine.cpu_kernels import optimize_for_cpu
 
             optimize_for_cpu(model)
-        return cls(model, tokenizer, **kwargs)
+        predictor = cls(model, tokenizer, **kwargs)
+        if int8:
+            predictor.precision = "int8"
+        return predictor
 
     def clear_cache(self) -> None:
         """Forget the encoded prompt and the name priors: the next job starts cold (a benchmark's fresh run)."""

@@ -64,10 +64,8 @@ def resolve_adapter(model: str, adapter: str | None) -> str | None:
 
 def make_predictor(model: str = DEFAULT_SIDECAR, dtype: str = "auto", device: str = "cpu", adapter: str | None = "auto",
                    **kwargs):
-    from oospec.models.cpu_features import drafter_dtype
     from oospec.sidecar.predictor import SidecarPredictor
 
-    dtype = drafter_dtype(device) if dtype == "auto" else dtype  # a drafter: the fastest native precision
     return SidecarPredictor.from_pretrained(model, dtype=dtype, device=device, adapter=resolve_adapter(model, adapter),
                                             **kwargs)
 
@@ -126,6 +124,7 @@ class SidecarClient:
         self._busy_since: float | None = None  # since the worker last answered, while jobs are outstanding
         self._outstanding: dict[str, Ticket] = {}  # sent, neither answered nor dropped by the worker yet
         self._closed = False
+        self.precision: str | None = None  # what the worker runs in ("auto" resolved there), once it is ready
         self._start()
         if wait_ready:
             self.wait_ready(ready_timeout_s)
@@ -175,7 +174,9 @@ class SidecarClient:
 
         from oospec.models.cpu_features import cpu_model
 
-        options = json.dumps(self.options, sort_keys=True, default=str)
+        # The precision the worker resolved, not "auto": the drafter rule may choose otherwise on another day.
+        resolved = {**self.options, "dtype": self.precision} if self.precision and "dtype" in self.options else self.options
+        options = json.dumps(resolved, sort_keys=True, default=str)
         return f"{cpu_model()} | torch {torch.__version__} | {self.factory} {options} | threads {self.threads}"
 
     @property
@@ -371,6 +372,7 @@ class SidecarClient:
     def _handle(self, kind: str, body: Any) -> None:
         if kind == "ready":
             self._ready = True
+            self.precision = (body or {}).get("precision") if isinstance(body, dict) else None
             return
         if kind == "load-failed":  # not retried: the same model will not load the next time either
             self._fault("load-failed", f"the sidecar could not load its model: {body}")

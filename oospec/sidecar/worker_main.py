@@ -35,7 +35,7 @@ def _worker_main(conn: Connection, factory: str, options: dict, threads: int | N
     except Exception as exc:  # reported to the client, which falls back to drafting without hints
         conn.send(("load-failed", f"{type(exc).__name__}: {exc}"))
         return
-    conn.send(("ready", None))
+    conn.send(("ready", {"precision": getattr(predictor, "precision", None)}))  # what "auto" became here
     queue: deque[dict] = deque()  # jobs in the order they came: each request's own job, none superseded
     while True:
         try:
