@@ -2,10 +2,12 @@
 
 import json
 
+import pytest
 from helpers import APIBANK_TOOLS
 
 from oospec.tools.callscan import CallPosition, CallScanner, Habits
-from oospec.tools.continuations import structure_continuations
+from oospec.tools.continuations import PASTE_HIT, PASTE_ON, structure_continuations
+from oospec.tools.pasted import schema_entries
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Param, Tool
 from oospec.tools.toolprior import tool_weights
@@ -278,3 +280,60 @@ def test_numeric_arguments_are_guessed_in_the_order_the_request_gives_its_number
     scan.feed('{"name": "plan", "arguments": {"city": "Tokyo')  # the value may end here: the next key's guess too
     texts = [c.text for c in structure_continuations(scan, tools, Habits(), "arguments", (), values)]
     assert '", "days": ' in texts and '", "days": 7, "budget": ' in texts
+
+
+ACCOUNT = Tool("OpenBankAccount", "Open a bank account.", (Param("account", "string"), Param("password", "string")))
+ACCOUNT_PROMPT = ("1. Name: OpenBankAccount\nDescription: Open a bank account.\nParameters: {'account': {'type': "
+                  "'str', 'description': 'The account identifier for the user.'}, 'password': {'type': 'str', "
+                  """'description': "The user's password."}}\n2. Name: Other\nParameters: {'x': {'type': 'int'}}""")
+
+
+def test_schema_entries_are_read_where_the_prompt_shows_a_tools_parameters():
+    entries = schema_entries(ACCOUNT_PROMPT, [ACCOUNT])
+    assert entries == {"OpenBankAccount": {
+        "account": {"type": "str", "description": "The account identifier for the user."},
+        "password": {"type": "str", "description": "The user's password."}}}
+    # Not shown (a chat template's tool block is not in the turns), shown in part, or cut off: left out, no error.
+    assert schema_entries("You call tools.", [ACCOUNT]) == {}
+    assert schema_entries(ACCOUNT_PROMPT.replace("'password'", "'pin'"), [ACCOUNT]) == {}
+    assert schema_entries(ACCOUNT_PROMPT[:150], [ACCOUNT]) == {}
+    # An entry that is not a schema (no type, no description) is no schema to paste.
+    assert schema_entries(ACCOUNT_PROMPT.replace("'type': 'str', 'description'", "'kind': 'str', 'note'", 1),
+                          [ACCOUNT]) == {}
+
+
+def test_the_schema_pasted_as_values_is_a_side_branch_and_followed_once_begun():
+    pasted = schema_entries(ACCOUNT_PROMPT, [ACCOUNT])
+    paste = ('{"type": "str", "description": "The account identifier for the user."}, "password": {"type": "str", '
+             '"description": "The user\'s password."}}}')
+    scan = CallScanner(Habits().style)
+    scan.feed('<tool_call>\n{"name": "OpenBankAccount"')
+    conts = structure_continuations(scan, [ACCOUNT], Habits(), "parameters", ("<tool_call>\n",), ValueSource(""), pasted)
+    head = ', "parameters": {"account": '
+    assert conts[0].text == head + '"'  # a value is still the likeliest
+    side = [c for c in conts if c.text == head + paste]
+    assert len(side) == 1 and side[0].confidence == pytest.approx(0.9 * PASTE_HIT)
+    # Once the first value is a `{`, the rest of the paste comes first, through the call's close and its closer.
+    scan.feed(head + '{"type": "str", "desc')
+    conts = structure_continuations(scan, [ACCOUNT], Habits(), "parameters", ("<tool_call>\n",), ValueSource(""), pasted)
+    assert conts[0].text == paste[len('{"type": "str", "desc'):] and conts[0].confidence == PASTE_ON
+    assert conts[1].text == conts[0].text + "\n</tool_call>" and conts[1].end_of_turn
+    # A value written otherwise: no paste, before or after it (and none for a prompt that does not show them).
+    other = CallScanner(Habits().style)
+    other.feed('<tool_call>\n{"name": "OpenBankAccount", "parameters": {"account": "u1", "password": ')
+    conts = structure_continuations(other, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), pasted)
+    assert conts and not any("description" in c.text for c in conts)
+    scan = CallScanner(Habits().style)
+    scan.feed('<tool_call>\n{"name": "OpenBankAccount"')
+    assert not any("description" in c.text for c in structure_continuations(
+        scan, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), {}))
+
+
+def test_a_pretty_printing_target_pastes_the_schema_indented():
+    pasted = schema_entries(ACCOUNT_PROMPT, [ACCOUNT])
+    habits = Habits()
+    scan = CallScanner(habits.style)
+    scan.feed('```json\n{\n  "name": "OpenBankAccount",\n  "parameters": {\n    "account": {\n      "type": "str",\n')
+    conts = structure_continuations(scan, [ACCOUNT], habits, "parameters", (), ValueSource(""), pasted)
+    assert conts[0].text == ('      "description": "The account identifier for the user."\n    },\n    "password": {\n'
+                             '      "type": "str",\n      "description": "The user\'s password."\n    }\n  }\n}')

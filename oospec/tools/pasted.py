@@ -1,0 +1,80 @@
+"""The tool's schema pasted as its argument values: what a target sometimes writes instead of values.
+
+Where the prompt shows each tool's parameters as text (API-Bank: `Parameters: {'token': {'type': 'str',
+'description': "User's token."}, ...}` in the system turn), Qwen2.5-Coder-1.5B answers 21 of the 169 API-Bank
+calls of the sidecar's training traces by pasting that schema as the values, `"token": {"type": "str",
+"description": "User's token."}`, and always for every argument once for the first (21 of 21). A drafter that
+offers the paste as a branch at the first value, and follows it through once it has begun, drafts those calls
+as fast as any other; `schema_entries` reads the entries the target would paste from the prompt.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from oospec.tools.schema import Tool
+
+# A tool's parameters are looked for this far after its name (a few parameters with their descriptions).
+WINDOW = 4000
+
+
+def _object_at(text: str, start: int) -> str | None:
+    """The balanced `{...}` that begins at text[start] (quotes of either kind respected), or None."""
+    depth, quote, escaped = 0, "", False
+    for i in range(start, min(len(text), start + WINDOW)):
+        ch = text[i]
+        if quote:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start : i + 1]
+    return None
+
+
+def _literal(text: str) -> Any:
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return None
+
+
+def schema_entries(text: str, tools: Sequence[Tool]) -> dict[str, dict[str, Mapping[str, Any]]]:
+    """{tool name: {parameter: its schema entry as the prompt shows it}} for the tools whose every parameter
+    `text` (the prompt's own turns) shows as a `'name': {...}` entry with a type or a description after the
+    tool's name. Tools shown otherwise (or only through a chat template's tool block) are left out."""
+    out: dict[str, dict[str, Mapping[str, Any]]] = {}
+    for tool in tools:
+        at = text.find(tool.name)
+        if at < 0 or not tool.parameters:
+            continue
+        window = text[at : at + WINDOW]
+        entries = {}
+        for param in tool.parameters:
+            found = re.search(r"""(['"])""" + re.escape(param.name) + r"""\1\s*:\s*(?=\{)""", window)
+            raw = _object_at(window, found.end()) if found else None
+            entry = _literal(raw) if raw else None
+            if not isinstance(entry, dict) or not ({"type", "description"} & set(entry)):
+                break
+            entries[param.name] = entry
+        else:
+            out[tool.name] = entries
+    return out
+
+
+__all__ = ["schema_entries"]
