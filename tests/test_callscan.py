@@ -6,8 +6,8 @@ import pytest
 from helpers import APIBANK_TOOLS
 
 from oospec.tools.callscan import CallPosition, CallScanner, Habits
-from oospec.tools.continuations import PASTE_HIT, PASTE_ON, structure_continuations
-from oospec.tools.pasted import schema_entries
+from oospec.tools.continuations import LABEL_ALONE, LABEL_HIT, PASTE_HIT, PASTE_ON, structure_continuations
+from oospec.tools.pasted import ShownTools, name_label, schema_entries
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Param, Tool
 from oospec.tools.toolprior import tool_weights
@@ -303,7 +303,7 @@ def test_schema_entries_are_read_where_the_prompt_shows_a_tools_parameters():
 
 
 def test_the_schema_pasted_as_values_is_a_side_branch_and_followed_once_begun():
-    pasted = schema_entries(ACCOUNT_PROMPT, [ACCOUNT])
+    pasted = ShownTools.from_prompt(ACCOUNT_PROMPT, [ACCOUNT])
     paste = ('{"type": "str", "description": "The account identifier for the user."}, "password": {"type": "str", '
              '"description": "The user\'s password."}}}')
     scan = CallScanner(Habits().style)
@@ -326,14 +326,39 @@ def test_the_schema_pasted_as_values_is_a_side_branch_and_followed_once_begun():
     scan = CallScanner(Habits().style)
     scan.feed('<tool_call>\n{"name": "OpenBankAccount"')
     assert not any("description" in c.text for c in structure_continuations(
-        scan, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), {}))
+        scan, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), ShownTools({})))
 
 
 def test_a_pretty_printing_target_pastes_the_schema_indented():
-    pasted = schema_entries(ACCOUNT_PROMPT, [ACCOUNT])
+    pasted = ShownTools.from_prompt(ACCOUNT_PROMPT, [ACCOUNT])
     habits = Habits()
     scan = CallScanner(habits.style)
     scan.feed('```json\n{\n  "name": "OpenBankAccount",\n  "parameters": {\n    "account": {\n      "type": "str",\n')
     conts = structure_continuations(scan, [ACCOUNT], habits, "parameters", (), ValueSource(""), pasted)
     assert conts[0].text == ('      "description": "The account identifier for the user."\n    },\n    "password": {\n'
                              '      "type": "str",\n      "description": "The user\'s password."\n    }\n  }\n}')
+
+
+def test_the_listings_label_written_as_the_name_still_drafts_the_tools_arguments():
+    tools = [ACCOUNT, Tool("QueryStock", "Stock price.", (Param("stock_code", "string"),))]
+    listing = ACCOUNT_PROMPT.replace("2. Name: Other", "2. Name: QueryStock").replace("'x'", "'stock_code'")
+    shown = ShownTools.from_prompt(listing, tools)
+    assert shown.label == "Name" and name_label("OpenBankAccount and QueryStock", tools) is None
+    values = ValueSource("Open an account for me, my account is user7.")  # the dialogue points to OpenBankAccount
+    scan = CallScanner(Habits().style)
+    scan.feed('{"name": "')
+    conts = structure_continuations(scan, tools, Habits(), "parameters", (), values, shown)
+    alone = [c for c in conts if c.text.startswith('Name", "parameters": {"account": "')]
+    assert alone and alone[0].confidence == pytest.approx(0.9 * LABEL_HIT * LABEL_ALONE)
+    assert any(c.text.startswith('Name: QueryStock", "parameters": {"stock_code": "') for c in conts)
+    assert conts[0].text.startswith("OpenBankAccount")  # a real name stays the likeliest
+    # The label alone means the tool the dialogue points to; with a name, that tool: both draft its keys.
+    scan.feed('Name", "parameters": {"account": "user7"')
+    assert structure_continuations(scan, tools, Habits(), "parameters", (), values, shown)[0].text \
+        == ', "password": "'
+    labelled = CallScanner(Habits().style)
+    labelled.feed('{"name": "Name: QueryStock", "parameters": {')
+    assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, shown)[0].text \
+        .startswith('"stock_code": "')
+    # Without a label in the prompt, "Name" is a tool the request does not offer: nothing is drafted for it.
+    assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, ShownTools({})) == []

@@ -16,7 +16,7 @@ from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.tools.callscan import CallScanner, Habits
 from oospec.tools.continuations import Continuation, structure_continuations
 from oospec.tools.dialects import DIALECTS
-from oospec.tools.pasted import schema_entries
+from oospec.tools.pasted import ShownTools
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes
 from oospec.tools.valuesource import ValueSource
@@ -57,7 +57,7 @@ class SchemaDrafter(Drafter):
         self.values = ValueSource("\n".join(m["content"] for m in request.messages or ()
                                              if m.get("role") != "system" and isinstance(m.get("content"), str)))
         # The tools' schema entries, where the prompt shows them as text: what the target pastes at times.
-        self.pasted = schema_entries("\n".join(m["content"] for m in request.messages or ()
+        self.shown = ShownTools.from_prompt("\n".join(m["content"] for m in request.messages or ()
                                                 if isinstance(m.get("content"), str)), self.tools)
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.reply: list[int] = []  # this request's ids: how the target spells added tokens (learn_spelling)
@@ -96,7 +96,7 @@ class SchemaDrafter(Drafter):
         if not self.active:
             return []
         return structure_continuations(self.scanner, self.tools, self.habits, self.dialect.args_key,
-                                       self.dialect.openers, self.values, self.pasted)
+                                       self.dialect.openers, self.values, self.shown)
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
         out = []

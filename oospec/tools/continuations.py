@@ -9,12 +9,12 @@ an argument). Other values are left to the value drafters (prompt lookup, retrie
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from oospec.tools.callscan import ARGS_EXPECT, CALL_EXPECT, CallPosition, CallScanner, Frame, Habits
 from oospec.tools.dialects import ARGS_KEYS, CALL_OPENERS
+from oospec.tools.pasted import ShownTools
 from oospec.tools.render import CallRenderer, to_json
 from oospec.tools.schema import Param, Tool
 from oospec.tools.valuesource import ValueSource
@@ -29,11 +29,11 @@ class Continuation:
 
 def structure_continuations(
     scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str],
-    values: ValueSource | None = None, pasted: Mapping[str, Mapping[str, Any]] | None = None,
+    values: ValueSource | None = None, shown: ShownTools | None = None,
 ) -> list[Continuation]:
-    """The text the schema makes likely next, most likely first; [] where only values can follow. `pasted`: the
-    schema entries the prompt shows per tool and parameter (oospec.tools.pasted.schema_entries)."""
-    return _Continuations(scan, tools, habits, default_args_key, default_openers, values, pasted).continuations()
+    """The text the schema makes likely next, most likely first; [] where only values can follow. `shown`: what
+    the prompt's turns show of the tools, which the target may copy (oospec.tools.pasted)."""
+    return _Continuations(scan, tools, habits, default_args_key, default_openers, values, shown).continuations()
 
 
 # How often a whole value guessed before it begins is the value (the first guess, the second): measured against
@@ -49,6 +49,10 @@ RUN_ON_VALUES = 2  # a guessed value's draft runs on through at most this many f
 # whose prompt shows the entries; once begun, every further value pasted too (21 of 21).
 PASTE_HIT = 0.12
 PASTE_ON = 0.9
+# The listing's label as the function name (oospec.tools.pasted.name_label): 9 of 141 API-Bank level-1 training
+# calls; of the 10 in all sets, 6 the label alone, 4 the label and the tool's name.
+LABEL_HIT = 0.06
+LABEL_ALONE = 0.6
 
 
 def _temporal(param: Param | None) -> bool:
@@ -65,9 +69,10 @@ def likeliest(nexts: list[Continuation]) -> list[Continuation]:
 
 
 class _Continuations:
-    def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None, pasted=None):
+    def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None, shown=None):
         self.values = values
-        self.pasted = pasted or {}
+        self.pasted = shown.entries if shown is not None else {}
+        self.label = shown.label if shown is not None else None
         self.scan, self.tools, self.habits = scan, tools, habits
         self.style = habits.style
         self.args_key = scan.args_key or habits.args_key or default_args_key
@@ -89,7 +94,7 @@ class _Continuations:
     def args_rest(self, head: str, confidence: float) -> list[Continuation]:
         """`head`, which ends with the arguments' `{` of the named function, on to its first key and the values
         guessed for it (`head` alone while no name is known)."""
-        tool = self.by_name.get(self.scan.name or "")
+        tool = self.tool_named(self.scan.name)
         return self.opening(head + self.args_body(tool), tool, confidence) if tool is not None \
             else [Continuation(head, confidence)]
 
@@ -129,6 +134,46 @@ class _Continuations:
         hits = DATE_HITS if temporal else QUOTED_HITS
         return [(v + '"', w) for v, w in (*zip(named, NAMED_HITS), *zip(others, hits))]
 
+    def tool_named(self, name: str | None) -> Tool | None:
+        """The tool a call's name means: the tool of that name; for the listing's label written as the name, the
+        tool after it ("Name: QueryStock"), or alone the tool the dialogue points to (oospec.tools.toolprior)."""
+        tool = self.by_name.get(name or "")
+        if tool is not None or not self.label or not name or not name.startswith(self.label):
+            return tool
+        rest = name[len(self.label) :]
+        if not rest:
+            return self.likeliest_tool()
+        return self.by_name.get(rest[1:].strip()) if rest.startswith(":") else None
+
+    def likeliest_tool(self) -> Tool | None:
+        if self.values is None or not self.tools:
+            return self.tools[0] if self.tools else None
+        weights = self.values.tool_weights(self.tools)
+        return max(self.tools, key=lambda t: weights.get(t.name, 0.0))
+
+    def labelled_names(self, prefix: str) -> list[Continuation]:
+        """The listing's label written as the name (LABEL_HIT where nothing is written yet): alone, with the
+        arguments of the tool the dialogue points to, or followed by each tool's name."""
+        label = self.label
+        if not label or not (label.startswith(prefix) or prefix.startswith(label)):
+            return []
+        hit = LABEL_HIT if len(prefix) < len(label) else 1.0
+        out = []
+        if len(prefix) <= len(label):
+            tool = self.likeliest_tool()
+            if tool is not None:
+                out += self.opening(label[len(prefix) :] + '"' + self.after_name(tool), tool, 0.9 * hit * LABEL_ALONE)
+        written = prefix[len(label) :] if len(prefix) > len(label) else ""
+        head = label[len(prefix) :] if len(prefix) < len(label) else ""
+        prior = self.values.tool_weights(self.tools) if self.values is not None else {}
+        listed = ": "
+        for t in self.tools:
+            full = listed + t.name
+            if full.startswith(written) and full != written:
+                share = (1 - LABEL_ALONE) * prior.get(t.name, 1.0 / len(self.tools))
+                out += self.opening(head + full[len(written) :] + '"' + self.after_name(t), t, 0.9 * hit * share)
+        return out
+
     # -- the schema pasted as the values ---------------------------------------------------------------------------
     def paste(self, tool: Tool) -> str | None:
         """`tool`'s arguments written as the prompt's schema entries, from just after the arguments' `{` through
@@ -148,7 +193,7 @@ class _Continuations:
 
     def mid_paste(self) -> list[Continuation]:
         """Once the target has begun pasting the schema as the first value, the rest of the paste (PASTE_ON)."""
-        tool = self.by_name.get(self.scan.name or "")
+        tool = self.tool_named(self.scan.name)
         pasted = self.paste(tool) if tool is not None and tool.parameters and self.scan.depth >= 2 else None
         if pasted is None:
             return []
@@ -239,7 +284,7 @@ class _Continuations:
                 return []
             head = key[len(prefix) :] + '":' + self.style.ws(":", 1)
             return [Continuation(head + '"', 0.9)] if key == "name" else self.args_rest(head + "{", 0.9)
-        tool = self.by_name.get(self.scan.name or "")
+        tool = self.tool_named(self.scan.name)
         if tool is None:
             return []
         if where is CallPosition.ARG_KEY:
@@ -281,7 +326,8 @@ class _Continuations:
         prior = self.values.tool_weights(self.tools) if self.values is not None else {}
         total = sum(prior.get(t.name, 1.0) for t in names)
         return [c for t in names for c in self.opening(t.name[len(prefix) :] + '"' + self.after_name(t), t,
-                                                        0.9 * prior.get(t.name, 1.0) / total)]
+                                                        0.9 * prior.get(t.name, 1.0) / total)] \
+            + self.labelled_names(prefix)
 
     def in_call(self, frame: Frame, where: CallPosition) -> list[Continuation]:
         scan = self.scan
@@ -299,12 +345,12 @@ class _Continuations:
             if key == "name":
                 ws = self.pending_ws(":", 1) + '"'
                 return [Continuation(ws, 0.9)] + [Continuation(ws + c.text, c.confidence) for c in self.names("")]
-            tool = self.by_name.get(scan.name or "")
+            tool = self.tool_named(scan.name)
             if key in ARGS_KEYS and tool is not None:
                 return self.opening(self.pending_ws(":", 1) + "{" + self.args_body(tool), tool, 0.9)
             return []
         # CALL_VALUE_DONE: after the name, or after the arguments object
-        tool = self.by_name.get(scan.name or "")
+        tool = self.tool_named(scan.name)
         if frame.keys and frame.keys[-1] == "name" and tool is not None:
             return self.opening(self.after_name(tool), tool, 0.9)
         if frame.keys and frame.keys[-1] in ARGS_KEYS:
@@ -314,7 +360,7 @@ class _Continuations:
         return []
 
     def in_args(self, frame: Frame, where: CallPosition) -> list[Continuation]:
-        tool = self.by_name.get(self.scan.name or "")
+        tool = self.tool_named(self.scan.name)
         if tool is None:
             return []
         if where is CallPosition.ARG_KEY_NEXT:
@@ -344,7 +390,7 @@ class _Continuations:
         """In an argument's array of strings (["John Smith", "Jane Doe"]) or numbers ([0.8, 0.7]): items copied from
         the request, then another item or the array's end and what follows the argument."""
         scan, args = self.scan, self.scan.stack[1]
-        tool = self.by_name.get(scan.name or "")
+        tool = self.tool_named(scan.name)
         param = self.param(tool, args.keys[-1]) if tool is not None and args.keys else None
         if len(scan.stack) != 3 or param is None or param.items is None:
             return []

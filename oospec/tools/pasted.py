@@ -1,4 +1,6 @@
-"""The tool's schema pasted as its argument values: what a target sometimes writes instead of values.
+"""What a target copies from the prompt's listing of the tools instead of writing the call it means.
+
+The schema pasted as the argument values.
 
 Where the prompt shows each tool's parameters as text (API-Bank: `Parameters: {'token': {'type': 'str',
 'description': "User's token."}, ...}` in the system turn), Qwen2.5-Coder-1.5B answers 21 of the 169 API-Bank
@@ -6,6 +8,10 @@ calls of the sidecar's training traces by pasting that schema as the values, `"t
 "description": "User's token."}`, and always for every argument once for the first (21 of 21). A drafter that
 offers the paste as a branch at the first value, and follows it through once it has begun, drafts those calls
 as fast as any other; `schema_entries` reads the entries the target would paste from the prompt.
+
+The listing's label written as the function name. Where each tool is listed as `1. Name: DeleteAgenda`, the
+target names 9 of the 141 API-Bank level-1 calls of the training traces `"Name"` (with the arguments of the tool
+it means) or `"Name: DeleteAgenda"`; `name_label` finds such a label.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import ast
 import json
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from oospec.tools.schema import Tool
@@ -54,6 +61,29 @@ def _literal(text: str) -> Any:
     return None
 
 
+def name_label(text: str, tools: Sequence[Tool]) -> str | None:
+    """The word the prompt writes before every tool's name as `<word>: <name>` (API-Bank's "Name"), or None."""
+    labels = set()
+    for tool in tools:
+        found = re.search(r"(\w+):[ \t]*" + re.escape(tool.name) + r"\b", text)
+        if found is None:
+            return None
+        labels.add(found.group(1))
+    return labels.pop() if len(labels) == 1 else None
+
+
+@dataclass(frozen=True)
+class ShownTools:
+    """What the prompt's own turns show of the tools, that the target may copy (see the module docstring)."""
+
+    entries: Mapping[str, Mapping[str, Mapping[str, Any]]]  # tool -> parameter -> its schema entry
+    label: str | None = None  # the word before each tool's name in the listing ("Name")
+
+    @classmethod
+    def from_prompt(cls, text: str, tools: Sequence[Tool]) -> ShownTools:
+        return cls(schema_entries(text, tools), name_label(text, tools))
+
+
 def schema_entries(text: str, tools: Sequence[Tool]) -> dict[str, dict[str, Mapping[str, Any]]]:
     """{tool name: {parameter: its schema entry as the prompt shows it}} for the tools whose every parameter
     `text` (the prompt's own turns) shows as a `'name': {...}` entry with a type or a description after the
@@ -77,4 +107,4 @@ def schema_entries(text: str, tools: Sequence[Tool]) -> dict[str, dict[str, Mapp
     return out
 
 
-__all__ = ["schema_entries"]
+__all__ = ["ShownTools", "name_label", "schema_entries"]
