@@ -362,3 +362,13 @@ def test_the_listings_label_written_as_the_name_still_drafts_the_tools_arguments
         .startswith('"stock_code": "')
     # Without a label in the prompt, "Name" is a tool the request does not offer: nothing is drafted for it.
     assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, ShownTools({})) == []
+
+
+def test_a_whole_date_written_is_drafted_on_with_the_time_the_request_names():
+    values = ValueSource("Add a meeting on 2022-05-06 at 2 PM, and remind me to call mom tomorrow at 10:30 am.")
+    # The request's own ISO date, once begun, with each time it names (latest mention first).
+    assert values.date_endings("2022-05")[:2] == ["-06 10:30:00", "-06 14:00:00"]
+    # A date the request only implies ("tomorrow"): once the target has written it whole, the times follow.
+    assert values.date_endings("2023-04-01") == [" 10:30:00", " 14:00:00", " 10:30", " 14:00"]
+    assert values.date_endings("2023-04-0") == []  # not whole yet, and no such date in the request
+    assert ValueSource("tomorrow, please").date_endings("2023-04-01") == []  # no time named: nothing to add

@@ -23,6 +23,8 @@ _DAY_MONTH = re.compile(rf"\b{_DAY}\s+(?:of\s+)?{_MONTH}{_YEAR}", re.IGNORECASE)
 _CLOCK = re.compile(r"\b(\d{1,2})(?::(\d{2}))?(?::(\d{2}))?\s*([ap])\.?m\b\.?|\b(\d{1,2}):(\d{2})(?::(\d{2}))?\b",
                     re.IGNORECASE)  # 2 PM, 2:30pm, 14:00, 14:00:00
 _ISO_YEAR = re.compile(r"^\d{4}(?=-|$)")
+_WHOLE_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(?!\d)")
+_ISO_DAY = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 _ISO_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2}(?::\d{2})?)?\b")
 # "my password is pass123", "the meeting topic is Sales Meeting", "account identifier: user4", 'titled "Q3"':
 # up to two words between the argument's word and the verb; then a quoted value, or a word and the capitalized
@@ -88,17 +90,23 @@ class ValueSource:
             return []
         year = _ISO_YEAR.match(prefix)
         years = [year.group()] if year else self.years
+        # A whole date written (the request's, or one it implies: "tomorrow") is likeliest given a time it names.
+        written = [prefix[:10]] if _WHOLE_DATE.match(prefix) else []
         values: list[str] = []
-        for y in years:
-            for yy, month, day in self.dates:
-                date = f"{yy or y}-{month:02d}-{day:02d}"
-                values += [f"{date} {t}:00" for t in self.times] + [date] + [f"{date} {t}" for t in self.times]
+        for date in written + [d for y in years for d in self.iso_dates(y)]:
+            values += [f"{date} {t}:00" for t in self.times] + [date] + [f"{date} {t}" for t in self.times]
         values += [f"{t}:00" for t in self.times] + list(self.times)
         out: list[str] = []
         for value in values:
             if value.startswith(prefix) and value[len(prefix):] and value[len(prefix):] not in out:
                 out.append(value[len(prefix):])
         return out[: self.max_spans]
+
+    def iso_dates(self, year: str) -> list[str]:
+        """The request's dates as ISO dates, latest first: those it writes as ISO dates, then those in words (in
+        `year` where they name none)."""
+        return list(dict.fromkeys([*reversed(_ISO_DAY.findall(self.text)),
+                                   *(f"{y or year}-{month:02d}-{day:02d}" for y, month, day in self.dates)]))
 
     @cached_property
     def whole_dates(self) -> list[str]:
