@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from oospec.tools.callscan import ARGS_EXPECT, CALL_EXPECT, CallPosition, CallScanner, Frame, Habits
 from oospec.tools.dialects import ARGS_KEYS, CALL_OPENERS
-from oospec.tools.pasted import ShownTools
+from oospec.tools.pasted import LABEL_JOINT, ShownTools
 from oospec.tools.render import CallRenderer, to_json
 from oospec.tools.schema import Param, Tool
 from oospec.tools.valuesource import ValueSource
@@ -166,9 +166,8 @@ class _Continuations:
         written = prefix[len(label) :] if len(prefix) > len(label) else ""
         head = label[len(prefix) :] if len(prefix) < len(label) else ""
         prior = self.values.tool_weights(self.tools) if self.values is not None else {}
-        listed = ": "
         for t in self.tools:
-            full = listed + t.name
+            full = LABEL_JOINT + t.name
             if full.startswith(written) and full != written:
                 share = (1 - LABEL_ALONE) * prior.get(t.name, 1.0 / len(self.tools))
                 out += self.opening(head + full[len(written) :] + '"' + self.after_name(t), t, 0.9 * hit * share)

@@ -27,6 +27,7 @@ from oospec.tools.schema import Tool
 
 # A tool's parameters are looked for this far after its name (a few parameters with their descriptions).
 WINDOW = 4000
+LABEL_JOINT = ": "  # between the listing's label and a tool's name, as the target writes them in a name
 
 
 def _object_at(text: str, start: int) -> str | None:
@@ -107,4 +108,4 @@ def schema_entries(text: str, tools: Sequence[Tool]) -> dict[str, dict[str, Mapp
     return out
 
 
-__all__ = ["ShownTools", "name_label", "schema_entries"]
+__all__ = ["LABEL_JOINT", "ShownTools", "name_label", "schema_entries"]
