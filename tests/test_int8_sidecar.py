@@ -10,7 +10,7 @@ from sidecar_fakes import FakePredictor  # noqa: F401 (the factory module the cl
 from test_bf16_equivalence import CPUINFO_AMX, CPUINFO_AVX2, CPUINFO_AVX512, CPUINFO_BF16
 
 from oospec.models.cpu_features import DRAFTER_DTYPES, cpu_flags, drafter_dtype
-from oospec.models.int8 import INT8_MARGIN, int8_available, job_seconds, quantize_int8
+from oospec.models.int8 import INT8_MARGIN, Int8Linear, int8_available, job_seconds, quantize_int8
 from oospec.sidecar.predictor import SidecarPredictor
 from oospec.sidecar.process import SidecarClient
 from oospec.sidecar.protocol import Job, parse_payload
@@ -106,3 +106,17 @@ def test_speed_key_names_the_precision_the_worker_resolved():
         assert '"dtype": "int8"' in client.speed_key() and '"auto"' not in client.speed_key()
     with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good"}) as client:
         assert client.precision is None and "dtype" not in client.speed_key()
+
+
+@needs_int8
+def test_int8_linear_matches_the_float_product_and_takes_any_rows():
+    linear = torch.nn.Linear(48, 40)
+    q = Int8Linear(linear)
+    x = torch.randn(3, 5, 48)
+    exact = linear(x).detach()
+    got = q(x)
+    assert got.shape == exact.shape == (3, 5, 40)
+    assert (got - exact).abs().max() <= 0.02 * exact.abs().max()  # ~1/127 of the scale, per operand
+    assert q(torch.randn(0, 48)).shape == (0, 40)
+    # One row's result does not depend on the rows beside it (each row has its own activation scale).
+    assert torch.equal(q(x[:1, :1]), q(x)[:1, :1])

@@ -48,6 +48,8 @@ class Int8Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1]).float()
+        if rows.shape[0] == 0:  # amax has nothing to reduce
+            return rows.new_zeros(*x.shape[:-1], self.out_features)
         scale = rows.abs().amax(dim=1, keepdim=True).clamp_(min=1e-12).div_(127)
         quantized = torch.div(rows, scale).round_().to(torch.int8)
         y = torch._int_mm(quantized, self.weight_t).float().mul_(scale).mul_(self.weight_scale)
