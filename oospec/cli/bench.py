@@ -62,8 +62,8 @@ def cmd_bench_run(args) -> None:
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
-        sidecar_dtype=args.sidecar_dtype, sidecar_adapter=args.sidecar_adapter, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        seed=args.seed,
+        sidecar_dtype=args.sidecar_dtype, sidecar_adapter=args.sidecar_adapter, temperature=args.temperature,
+        top_p=args.top_p, top_k=args.top_k, seed=args.seed,
     ))
 
 

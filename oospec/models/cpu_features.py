@@ -60,7 +60,7 @@ def drafter_dtype(device: str, flags: frozenset[str] | None = None,
     (native bfloat16 where the flags have it, else float32: emulated bfloat16 is slower than float32), or int8
     (oospec.models.int8) where a sidecar-shaped job of products measures at least INT8_MARGIN times faster in
     int8 than in that float precision. `job_seconds(dtype)`: that measurement (default: timed on this CPU once
-    per process; None-equivalent where torch has no int8 engine)."""
+    per process; where torch cannot multiply int8 there, the float precision without timing)."""
     if str(device).startswith("cuda"):
         return "bfloat16"
     float_dtype = "bfloat16" if native_bf16(flags) else "float32"

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from oospec.engine.prefix_cache import common_prefix_length
+from oospec.models.int8 import Int8Linear, quantize_int8
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
 from oospec.sidecar.selfdraft import SLOT_ORDERS, AlignedDraft
@@ -121,8 +122,9 @@ class SidecarPredictor:
         if slot_order not in SLOT_ORDERS:
             raise ValueError(f"slot_order must be one of {', '.join(SLOT_ORDERS)}, got {slot_order!r}")
         self.model = model.eval()
-        # What it computes in: float32, bfloat16, ... or "int8" (set by from_pretrained, which quantizes).
-        self.precision = str(next(model.parameters()).dtype).removeprefix("torch.")
+        # What it computes in: "int8" where its linear layers are quantized (from_pretrained), else its dtype.
+        self.precision = "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) \
+            else str(next(model.parameters()).dtype).removeprefix("torch.")
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
         self.memory_budget = memory_budget  # bytes of working set (None: oospec.sidecar.memory's default)
@@ -175,17 +177,12 @@ class SidecarPredictor:
             if settings.is_file():
                 kwargs = {**json.loads(settings.read_text()), **kwargs}
         if int8:  # after the merge: the adapter's factors belong to the weights they are added to
-            from oospec.models.int8 import quantize_int8
-
             quantize_int8(model)
         if optimize and str(device).startswith("cpu"):
             from oospec.engine.cpu_kernels import optimize_for_cpu
 
             optimize_for_cpu(model)
-        predictor = cls(model, tokenizer, **kwargs)
-        if int8:
-            predictor.precision = "int8"
-        return predictor
+        return cls(model, tokenizer, **kwargs)
 
     def clear_cache(self) -> None:
         """Forget the encoded prompt and the name priors: the next job starts cold (a benchmark's fresh run)."""

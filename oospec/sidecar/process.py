@@ -175,7 +175,9 @@ class SidecarClient:
         from oospec.models.cpu_features import cpu_model
 
         # The precision the worker resolved, not "auto": the drafter rule may choose otherwise on another day.
-        resolved = {**self.options, "dtype": self.precision} if self.precision and "dtype" in self.options else self.options
+        resolved = dict(self.options)
+        if self.precision and "dtype" in resolved:
+            resolved["dtype"] = self.precision
         options = json.dumps(resolved, sort_keys=True, default=str)
         return f"{cpu_model()} | torch {torch.__version__} | {self.factory} {options} | threads {self.threads}"
 

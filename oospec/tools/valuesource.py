@@ -24,7 +24,6 @@ _CLOCK = re.compile(r"\b(\d{1,2})(?::(\d{2}))?(?::(\d{2}))?\s*([ap])\.?m\b\.?|\b
                     re.IGNORECASE)  # 2 PM, 2:30pm, 14:00, 14:00:00
 _ISO_YEAR = re.compile(r"^\d{4}(?=-|$)")
 _WHOLE_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}(?!\d)")
-_ISO_DAY = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
 _ISO_DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}(?: \d{2}:\d{2}(?::\d{2})?)?\b")
 # "my password is pass123", "the meeting topic is Sales Meeting", "account identifier: user4", 'titled "Q3"':
 # up to two words between the argument's word and the verb; then a quoted value, or a word and the capitalized
@@ -105,8 +104,13 @@ class ValueSource:
     def iso_dates(self, year: str) -> list[str]:
         """The request's dates as ISO dates, latest first: those it writes as ISO dates, then those in words (in
         `year` where they name none)."""
-        return list(dict.fromkeys([*reversed(_ISO_DAY.findall(self.text)),
+        return list(dict.fromkeys([*self.written_days,
                                    *(f"{y or year}-{month:02d}-{day:02d}" for y, month, day in self.dates)]))
+
+    @cached_property
+    def written_days(self) -> list[str]:
+        """The dates the request writes as ISO dates (without their times), latest first."""
+        return list(dict.fromkeys(found[:10] for found in reversed(_ISO_DATE.findall(self.text))))
 
     @cached_property
     def whole_dates(self) -> list[str]:
