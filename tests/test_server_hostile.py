@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from test_server import KEY, MODEL, TWO_SHOT, WEATHER, Server, http
+from test_server import KEY, MODEL, TIME, TWO_SHOT, WEATHER, Server, http
 
 from oospec.server.guard import json_depth
 from oospec.server.reply import ToolCallStream
@@ -326,3 +326,45 @@ def test_fuzz_from_the_openapi_schema_gets_no_5xx(server):
     RELIABILITY.update(fuzz_cases=len(seen), fuzz_5xx=sum(s >= 500 for s in seen),
                        fuzz_statuses={str(s): seen.count(s) for s in sorted(set(seen))})
     assert len(seen) >= 50
+
+
+# --------------------------------------------------------------------------------------------------
+# The findings of the hostile-client run on forced calls and text (the fuzz in test_server_fuzz.py generalises them)
+# --------------------------------------------------------------------------------------------------
+
+
+def test_a_lone_surrogate_anywhere_is_a_400_naming_the_field(server):
+    lone = b'"hi \\ud800"'
+    raw = b'{"messages": [{"role": "user", "content": ' + lone + b'}]}'
+    assert refused(server, 400, raw=raw, param="messages[0].content")["code"] == "invalid_unicode"
+    tool = b'{"type": "function", "function": {"name": "f", "description": ' + lone + b'}}'
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], "tools": [' + tool + b']}'
+    refused(server, 400, raw=raw, param="tools[0].function.description")
+    raw = b'{"messages": [{"role": "user", "content": "hi"}], "model": ' + lone + b'}'
+    refused(server, 400, raw=raw, param="model")
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_schemas_a_forced_call_cannot_hold_are_refused_up_front(server, choice):
+    looping = {"type": "object", "properties": {"a": {"$ref": "#/definitions/A"}}, "definitions": {
+        "A": {"allOf": [{"$ref": "#/definitions/B"}]}, "B": {"allOf": [{"$ref": "#/definitions/A"}]}}}
+    wide = {"type": "object", "properties": {f"p{i}": {"type": "string"} for i in range(2000)}}
+    for parameters in (looping, wide):
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": parameters}}
+        error = refused(server, 400, {"messages": CHAT, "tools": [tool, TIME], "tool_choice": choice},
+                        param="tools[0].function.parameters")
+        assert error["code"] == "unsupported_schema" and "'get_weather'" in error["message"], error
+
+
+def test_forced_calls_are_never_repeated_and_parallel_off_gives_one(server):
+    """SmolLM2 at temperature 0, made to call, wrote the same call again and again (46 of 80 replies)."""
+    client = server.client()
+    for choice in ("required", {"type": "function", "function": {"name": "get_time"}}):
+        for parallel in (True, False):
+            reply = client.chat.completions.create(
+                model=MODEL, messages=TWO_SHOT + [{"role": "user", "content": "And the time in Tokyo and Oslo?"}],
+                tools=[WEATHER, TIME], tool_choice=choice, parallel_tool_calls=parallel, max_tokens=60, temperature=0)
+            calls = [(c.function.name, json.loads(c.function.arguments)) for c in reply.choices[0].message.tool_calls]
+            assert calls and all(a != b for i, a in enumerate(calls) for b in calls[:i]), calls
+            if not parallel or isinstance(choice, dict):
+                assert len(calls) == 1, calls

@@ -204,7 +204,7 @@ def generate(
             if stop.size:
                 produced = produced[: stop[0] + 1]
                 done, finish_reason = True, "stop"
-            if constraint is not None and not done:
+            if constraint is not None:  # the end-of-turn too: a reply a grammar failure ended records it
                 constraint.advance(produced)
             first = n
             n += produced.size

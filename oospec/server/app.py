@@ -10,7 +10,6 @@ threads (PREPARE_AT_ONCE at a time), so that a huge request never holds up the e
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import signal
 import sys
@@ -21,10 +20,10 @@ import anyio
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from oospec.server.errors import APIError, clip
+from oospec.server.errors import APIError, JSONBody, clip, json_bytes
 from oospec.server.guard import APIKeyCheck, BodyGuard, RequestLog
 from oospec.server.schemas import ChatCompletion, ChatCompletionRequest, ErrorBody, to_chat_request, validation_error
 from oospec.server.service import Completion, ModelService, Work, sidecar_health
@@ -69,28 +68,28 @@ def create_app(service: ModelService) -> FastAPI:
               file=sys.stderr, flush=True)
 
     app = FastAPI(title="oospec", summary="OpenAI-compatible chat completions with lossless speculative decoding",
-                  lifespan=lifespan, docs_url=None, redoc_url=None)
+                  lifespan=lifespan, docs_url=None, redoc_url=None, default_response_class=JSONBody)
     app.state.service = service
     prepare_limiter: list[anyio.CapacityLimiter] = []  # made on first use, inside the event loop
 
     @app.exception_handler(RequestValidationError)
     async def invalid_request(request: Request, exc: RequestValidationError):
         error = validation_error(list(exc.errors()))
-        return JSONResponse(error.body(), status_code=error.status)
+        return JSONBody(error.body(), status_code=error.status)
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, exc: APIError):
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return JSONBody(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return JSONResponse(APIError(exc.status_code, str(exc.detail), type=kind).body(), status_code=exc.status_code)
+        return JSONBody(APIError(exc.status_code, str(exc.detail), type=kind).body(), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):
         body = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").body()
-        return JSONResponse(body, status_code=500)
+        return JSONBody(body, status_code=500)
 
     # Added innermost first: RequestLog sees every answer, BodyGuard reads only bodies with a valid key.
     app.add_middleware(BodyGuard, max_body_bytes=int(config.max_body_mb * 2**20),
@@ -213,8 +212,8 @@ async def _stream(service: ModelService, work: Work, timeout_s: float, request: 
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-def sse(obj: dict) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+def sse(obj: dict) -> bytes:
+    return b"data: " + json_bytes(obj) + b"\n\n"
 
 
 # --------------------------------------------------------------------------------------------------

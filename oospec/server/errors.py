@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from starlette.responses import JSONResponse
+
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
@@ -30,3 +35,16 @@ def clip(text: str, limit: int = ECHO_CHARS) -> str:
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def json_bytes(content: Any, **dumps: Any) -> bytes:
+    """JSON as UTF-8, where a lone surrogate in a string (a client's, quoted back) is written as its JSON escape
+    (\\udXXX) instead of failing to encode: no answer can turn into a 500 over the text it quotes."""
+    return json.dumps(content, ensure_ascii=False, **dumps).encode("utf-8", "backslashreplace")
+
+
+class JSONBody(JSONResponse):
+    """Every JSON answer of the server: `json_bytes`."""
+
+    def render(self, content: Any) -> bytes:
+        return json_bytes(content, allow_nan=False, separators=(",", ":"))  # as starlette's JSONResponse

@@ -18,15 +18,15 @@ idle keep-alive connections after a response, not a socket that never sends a re
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import time
 
 import anyio
 import numpy as np
-from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from oospec.server.errors import APIError, bad_request, clip
+from oospec.server.errors import APIError, JSONBody, bad_request, clip
 
 log = logging.getLogger("oospec.server")
 
@@ -44,8 +44,18 @@ def json_depth(raw: bytes, chunk_bytes: int = SCAN_CHUNK) -> int:
     backslash is invalid JSON, which the parser refuses before it could nest deeper). Scanned a chunk at a time,
     a few numpy passes over the chunk's brackets, quotes and backslashes, so that the thread checking a 20 MB
     body never holds the interpreter long (one regular-expression pass over it kept the event loop ~0.2 s)."""
+    peak = 0
+    for _, _, levels, _ in _marks(raw, chunk_bytes):
+        if levels.size:
+            peak = max(peak, int(levels.max()))
+    return peak
+
+
+def _marks(raw: bytes, chunk_bytes: int = SCAN_CHUNK):
+    """Per chunk: (offsets of its brackets, quotes and backslashes; their kinds; the nesting level after each;
+    whether each leaves the scan outside a string), offsets into `raw`."""
     data = np.frombuffer(raw, dtype=np.uint8)
-    depth = peak = 0
+    depth = 0
     in_string, odd_run = 0, False  # carried between chunks: inside a string?, odd backslash run at the end?
     for start in range(0, data.size, chunk_bytes):
         kinds = _KIND[data[start:start + chunk_bytes]]
@@ -65,15 +75,43 @@ def json_depth(raw: bytes, chunk_bytes: int = SCAN_CHUNK) -> int:
         steps = (kind == _OPEN).astype(np.int64) - (kind == _CLOSE)
         levels = depth + np.cumsum(np.where(outside, steps, 0))
         if levels.size:
-            peak, depth, in_string = max(peak, int(levels.max())), int(levels[-1]), int(not outside[-1])
+            depth, in_string = int(levels[-1]), int(not outside[-1])
+        yield at + start, np.where(is_quote, _QUOTE, np.where(kind == _QUOTE, 0, kind)), levels, outside
         ends_in_run = kind.size > 0 and backslash[-1] and at[-1] == kinds.size - 1
         odd_run = bool(ends_in_run and run_before[-1] % 2 == 0)
-    return peak
+
+
+def too_deep_field(raw: bytes, limit: int = MAX_JSON_DEPTH) -> str | None:
+    """The top-level key of the body's object under which nesting first goes deeper than `limit` (None: the body
+    is not an object, or the key cannot be read)."""
+    key_at = None
+    for at, kind, levels, outside in _marks(raw):
+        over = np.flatnonzero(levels > limit)
+        end = over[0] if over.size else levels.size
+        # a string opening at level 1 (its quote leaves the scan inside a string) whose previous non-blank byte
+        # is `{` or `,` is a top-level key
+        opening = np.flatnonzero((kind[:end] == _QUOTE) & ~outside[:end] & (levels[:end] == 1))
+        for i in opening[::-1]:
+            before = raw[max(0, at[i] - 64):at[i]].rstrip()
+            if before[-1:] in (b"{", b","):
+                key_at = int(at[i])
+                break
+        if over.size:
+            break
+    if key_at is None:
+        return None
+    try:
+        return json.decoder.scanstring(raw[key_at + 1:key_at + 1 + 4 * 256].decode("utf-8", "replace"), 0)[0]
+    except ValueError:
+        return None
 
 
 def check_json_body(raw: bytes) -> None:
     if json_depth(raw) > MAX_JSON_DEPTH:
-        raise bad_request(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="json_too_deep")
+        field = too_deep_field(raw)
+        where = clip(field, 60) if field is not None else None
+        raise bad_request(f"{where or 'the request body'} nests deeper than {MAX_JSON_DEPTH} levels", where,
+                          code="json_too_deep")
 
 
 def content_type_error(content_type: str) -> APIError | None:
@@ -87,7 +125,7 @@ def content_type_error(content_type: str) -> APIError | None:
 
 
 async def _answer(exc: APIError, scope, receive, send) -> None:
-    await JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)(scope, receive, send)
+    await JSONBody(exc.body(), status_code=exc.status, headers=exc.headers)(scope, receive, send)
 
 
 async def _drain(receive, more: bool, limit: int = DRAIN_LIMIT) -> bool:

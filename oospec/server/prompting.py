@@ -22,16 +22,19 @@ a forced `[f(` start alone could still end as text, which a client that asked fo
 
 from __future__ import annotations
 
-from oospec.engine.constraint import GrammarConstraint, GrammarError
+from functools import lru_cache
+
+from oospec.engine.constraint import GrammarConstraint, GrammarError, GrammarVocabulary, probe
 from oospec.engine.drafting import Request
 from oospec.engine.engine import render_chat, validate_messages
 from oospec.errors import InvalidMessagesError
-from oospec.server.errors import bad_request
+from oospec.server.errors import bad_request, clip
 from oospec.server.schemas import ChatRequest
-from oospec.tools.call_grammar import forced_call_start
+from oospec.tools.call_grammar import call_grammar, forced_call_start
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import Dialect, ToolCall, get_dialect
 from oospec.tools.render import to_json
+from oospec.tools.schema_limits import UnsupportedSchema
 
 DEFAULT_SYSTEM = "You are a helpful assistant."
 
@@ -69,8 +72,9 @@ def build_request(engine, req: ChatRequest, *, default_max_tokens: int, budget: 
     context = engine.target.max_context
     room = context - ids.size
     if room < 1:
-        raise bad_request(f"the prompt has {ids.size} tokens but the model's context is {context} tokens",
-                          "messages", code="context_length_exceeded")
+        what = "messages and tools" if offer_tools else "messages"
+        raise bad_request(f"the {what} make a prompt of {ids.size} tokens, and the model's context is {context} "
+                          "tokens", "messages", code="context_length_exceeded")
     wanted = req.max_tokens if req.max_tokens is not None else default_max_tokens
     parse_calls = req.tool_schemas is not None and req.tool_choice != "none"
     request = Request(
@@ -99,7 +103,10 @@ def forced_reply_start(req: ChatRequest, dialect: Dialect) -> str:
 
 def call_constraint(engine, req: ChatRequest, dialect: Dialect) -> GrammarConstraint | None:
     """The grammar a reply that must call a tool is decoded under (None: tool_choice none or auto), or a 400 when
-    there can be none: a dialect without a grammar (pythonic), or tools' parameters that do not compile into one."""
+    there can be none: a dialect without a grammar (pythonic), or tools' parameters that no grammar can follow
+    (`unsupported_schema`, naming the tool): each tool the reply may call is checked on its own when the request is
+    admitted (oospec.tools.schema_limits, then a compile and a short walk: oospec.engine.constraint.probe), so that
+    no schema fails once decoding has begun."""
     if req.tool_choice not in ("required", "function"):
         return None
     if not dialect.openers:
@@ -108,11 +115,39 @@ def call_constraint(engine, req: ChatRequest, dialect: Dialect) -> GrammarConstr
                           "have no grammar to hold the reply to a call; use tool_choice 'auto', or a JSON dialect "
                           "such as 'hermes'", "tool_choice", code="unsupported_tool_choice")
     function = req.forced_function if req.tool_choice == "function" else None
+    vocabulary = engine.grammar_vocabulary()
+    for i, tool in enumerate(req.tools or []):
+        name = tool["function"]["name"]
+        if function in (None, name):
+            problem = tool_grammar_problem(vocabulary, tool, dialect)
+            if problem is not None:
+                raise bad_request(f"tools[{i}] ({name!r}) cannot be held to a forced call (tool_choice "
+                                  f"{req.tool_choice!r}): {clip(problem, 300)}", f"tools[{i}].function.parameters",
+                                  code="unsupported_schema")
     try:
-        return engine.call_constraint(req.tools or [], dialect, function, parallel=req.parallel_tool_calls)
-    except GrammarError as exc:
+        # one call for a named function (what naming it asks for); one or more for "required" unless the
+        # client turned parallel calls off
+        return engine.call_constraint(req.tools or [], dialect, function,
+                                      parallel=req.parallel_tool_calls and function is None)
+    except (GrammarError, UnsupportedSchema) as exc:
         raise bad_request(f"tool_choice {req.tool_choice!r} needs the tools' parameters as a grammar, and they do "
-                          f"not make one: {exc}", "tools") from None
+                          f"not make one: {clip(str(exc), 300)}", "tools", code="unsupported_schema") from None
+
+
+@lru_cache(maxsize=4096)
+def _grammar_problem(vocabulary: GrammarVocabulary, grammar: str, forced: str) -> str | None:
+    return probe(vocabulary, grammar, forced)
+
+
+def tool_grammar_problem(vocabulary: GrammarVocabulary, tool: dict, dialect: Dialect) -> str | None:
+    """Why a forced call of `tool` (an OpenAI tool definition) could not be decoded, or None. Agents send the same
+    tools with every turn: the verdict is kept per grammar."""
+    name = tool["function"]["name"]
+    try:
+        grammar = call_grammar([tool], [name], dialect, parallel=False, special_tokens=vocabulary.special_tokens)
+    except UnsupportedSchema as exc:
+        return str(exc)
+    return _grammar_problem(vocabulary, grammar, forced_call_start(dialect, name))
 
 
 def tools_block(tools: list[dict], dialect: Dialect) -> str:

@@ -19,6 +19,11 @@ that string's content; arguments it wrote as another JSON value (`17`) are that 
 client sees what the model wrote; arguments are not guaranteed to be an object). Arguments that reach the end
 of the reply without a whole JSON value are a cut-off call (`complete=False`, finish_reason "length").
 
+A whole call that repeats an earlier one of the same reply (the same function, arguments of equal value) is
+dropped, and the reply ends there: a model that writes the same call twice at temperature 0 would go on
+repeating it until max_tokens. With `parallel_tool_calls: false` a reply has at most one call (the first); a
+forced call of a named function is one call, and `required` allows several (see oospec.server.prompting).
+
 Only offered functions are called. Calls are read in order and end at the first call to a function
 that was not offered: a reply whose first call names one is text (content), never a call; calls before it are
 kept and it and what follows are dropped, as a stream has already sent those calls. A JSON-only reply is a call
@@ -242,6 +247,29 @@ class _StreamedCall:
     scanned: int  # the reply text up to here has been scanned for the arguments' end (and sent)
     end: JsonScanner = field(default_factory=JsonScanner)  # where the arguments object ends
     done: bool = False
+    held: bool = False  # a call after the first: announced only once whole and not a repeat
+    start: int = 0  # where its arguments begin
+
+
+def call_key(name: str, arguments: str) -> tuple[str, str]:
+    """What makes two calls the same call: the function and the arguments' value (not their layout)."""
+    try:
+        return name, json.dumps(json.loads(arguments), sort_keys=True)
+    except (ValueError, RecursionError):
+        return name, arguments
+
+
+def without_repeats(calls: list[CallOut]) -> list[CallOut]:
+    """`calls` without any whole call equal to an earlier one (`call_key`)."""
+    seen: set[tuple[str, str]] = set()
+    out = []
+    for call in calls:
+        key = call_key(call.name, call.arguments)
+        if call.complete and key in seen:
+            continue
+        seen.add(key)
+        out.append(call)
+    return out
 
 
 class ToolCallStream:
@@ -261,6 +289,8 @@ class ToolCallStream:
         self.cursor = 0  # where to look for the next call header
         self.calls: list[_StreamedCall] = []
         self.blocked = False  # a call whose arguments cannot be streamed: it and later calls are sent at the end
+        self.seen: set[tuple[str, str]] = set()  # `call_key` of every whole call sent
+        self.repeated = False  # a whole call repeated an earlier one: the reply has said all it will
 
     def feed(self, delta: str) -> list[tuple]:
         self.text += delta
@@ -283,8 +313,10 @@ class ToolCallStream:
     def finish(self) -> tuple[str | None, list[CallOut], list[str], list[tuple]]:
         """The final content, calls and call ids, and the events that make the stream agree with them."""
         content, calls = parse_reply(self.text, self.tool_names, self.dialect, self.forced_function, self.forced)
+        calls = without_repeats(calls)
         if not self.parallel:
             calls = calls[:1]
+        self.calls = [c for c in self.calls if c.done or not c.held]  # a later call cut off was never announced
         events: list[tuple] = []
         if self.mode in ("plain", "content") or (not calls and not self.calls):
             if not calls and self.forced and self.text.startswith(self.forced):
@@ -314,6 +346,8 @@ class ToolCallStream:
         return [("content", piece)]
 
     def _stream_calls(self) -> list[tuple]:
+        """The first call is streamed as it is written; each later one is sent whole once its arguments close,
+        unless it repeats an earlier call (then it is dropped and `repeated` is set)."""
         events: list[tuple] = []
         while True:
             if self.calls and not self.calls[-1].done:
@@ -321,13 +355,21 @@ class ToolCallStream:
                 index = len(self.calls) - 1
                 end = call.end.feed(self.text[call.scanned:])
                 stop = len(self.text) if end is None else call.scanned + end
-                if stop > call.scanned:
+                if stop > call.scanned and not call.held:
                     events.append(("args", index, self.text[call.scanned:stop]))
                 call.scanned = stop
                 if end is None:
                     return events
                 call.done = True
                 self.cursor = stop
+                key = call_key(call.name, self.text[call.start:stop])
+                if call.held and key in self.seen:
+                    self.calls.pop()
+                    self.repeated = True
+                    return events
+                self.seen.add(key)
+                if call.held:
+                    events += [("call", index, call.id, call.name), ("args", index, self.text[call.start:stop])]
             if self.blocked or (self.calls and not self.parallel):
                 return events
             header = CALL_HEADER.search(self.text, self.cursor)
@@ -340,9 +382,10 @@ class ToolCallStream:
             if name not in self.tool_names:  # not offered: never announced; the final parse ends the calls here
                 self.blocked = True
                 return events
-            call = _StreamedCall(new_call_id(), name, header.end())
+            call = _StreamedCall(new_call_id(), name, header.end(), held=bool(self.calls), start=header.end())
             self.calls.append(call)
-            events.append(("call", len(self.calls) - 1, call.id, name))
+            if not call.held:
+                events.append(("call", len(self.calls) - 1, call.id, name))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -357,7 +400,7 @@ class Reply:
     tool_calls: list[dict]  # OpenAI tool_calls entries
     calls_complete: bool  # False: the last call was cut off (its arguments are not complete JSON)
     completion_tokens: int  # generated tokens up to the one that completed a stop string
-    stopped: bool  # a stop string ended it
+    stopped: bool  # a stop string ended it, or a call that repeated an earlier one
 
 
 class ReplyBuilder:
@@ -385,6 +428,7 @@ class ReplyBuilder:
             text, self.stopped = self.stop.feed(self.detok.push(int(token)))
             if text:
                 self.events += self.calls.feed(text)
+                self.stopped = self.stopped or self.calls.repeated  # a repeated call: nothing new will follow
         return self.stopped
 
     def drain(self) -> list[tuple]:

@@ -16,6 +16,12 @@ Sampling values that would break the arithmetic are served as what they mean, no
 
 tool_choice "required" with a single tool is served as that function named (see prompting.py).
 
+Text must be Unicode the tokenizer can encode: a string holding a lone surrogate (JSON's "\\ud800" escape, valid
+JSON but no Unicode scalar value, so not UTF-8) is refused with a 400 `invalid_unicode` naming the field, in every
+field whose text reaches the prompt, the grammar or the reply (messages, tools with their keys, tool_choice,
+stop), never repaired: a silent replacement would change what the model reads. Noncharacters and control
+characters are valid Unicode and are served as given.
+
 One extension, `"oospec": {...}` (with the openai client: `extra_body={"oospec": {...}}`):
   dialect           how the target writes calls, for drafting and parsing (default: hermes)
   tools_in_prompt   the messages already describe the tools: use `tools` for drafting and parsing only
@@ -26,6 +32,7 @@ One extension, `"oospec": {...}` (with the openai client: `extra_body={"oospec":
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -336,7 +343,9 @@ def parse_chat_request(body: Any, *, default_temperature: float = 0.0) -> ChatRe
 
 
 def to_chat_request(wire: ChatCompletionRequest, *, default_temperature: float = 0.0) -> ChatRequest:
-    """What the field types cannot say: roles and content, tools against tool_choice, sampling edge values."""
+    """What the field types cannot say: text that is not Unicode, roles and content, tools against tool_choice,
+    sampling edge values."""
+    check_unicode(wire)
     tools, schemas = _tools(wire.tools)
     tool_choice, forced = _tool_choice(wire.tool_choice, schemas)
     temperature = wire.temperature if wire.temperature is not None else default_temperature
@@ -362,6 +371,49 @@ def to_chat_request(wire: ChatCompletionRequest, *, default_temperature: float =
         options=Options(dialect=options.dialect, tools_in_prompt=bool(options.tools_in_prompt),
                         return_token_ids=bool(options.return_token_ids), timeout_s=options.timeout_s),
     )
+
+
+def check_unicode(wire: ChatCompletionRequest) -> None:
+    """A 400 naming the first field whose text (a string or a dict key, at any depth) holds a lone surrogate."""
+    fields = {"messages": wire.model_dump(include={"messages"}, exclude_none=True).get("messages"),
+              "tools": [t._given for t in wire.tools or ()],
+              "tool_choice": wire.tool_choice.model_dump() if isinstance(wire.tool_choice, BaseModel) else None,
+              "stop": wire.stop, "model": wire.model}
+    for name, value in fields.items():
+        refuse_lone_surrogates(value, name)
+
+
+def refuse_lone_surrogates(value: Any, where: str) -> None:
+    found = _surrogate_at(value, where)
+    if found is not None:
+        where, char = clip(found[0], 200), found[1]
+        raise bad_request(f"{where} contains a lone surrogate (U+{ord(char):04X}): text must be valid Unicode; "
+                          "send the character's UTF-8 or a pair of surrogates that makes one", where,
+                          code="invalid_unicode")
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _surrogate_at(value: Any, where: str) -> tuple[str, str] | None:
+    """(the path of the first string or key holding a lone surrogate, that character), or None. JSON decoding
+    joins a valid pair into one character, so any surrogate left in a str is a lone one."""
+    stack = [(value, where)]
+    while stack:
+        node, path = stack.pop()
+        if isinstance(node, str):
+            hit = _SURROGATE.search(node)
+            if hit:
+                return path, hit.group()
+        elif isinstance(node, dict):
+            for key, item in reversed(node.items()):
+                hit = _SURROGATE.search(key) if isinstance(key, str) else None
+                if hit:
+                    return f"{path} (a key)", hit.group()
+                stack.append((item, f"{path}.{key}" if key.isidentifier() else f"{path}[{json.dumps(key)}]"))
+        elif isinstance(node, list):
+            stack.extend((item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node))))
+    return None
 
 
 def _message(msg: Message, where: str) -> dict:
@@ -402,6 +454,7 @@ def _tool_call(call: ToolCallIn, where: str) -> dict:
     if not isinstance(args, dict) or json_depth(args) > MAX_SCHEMA_DEPTH:
         raise bad_request(f"{where}.function.arguments must be a JSON object nested at most {MAX_SCHEMA_DEPTH} deep",
                           f"{where}.function.arguments")
+    refuse_lone_surrogates(args, f"{where}.function.arguments")  # escapes inside the JSON text decode to them
     entry = {"type": "function", "function": {"name": call.function.name, "arguments": args}}
     if call.id is not None:
         entry["id"] = str(call.id)

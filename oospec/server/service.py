@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -20,6 +21,8 @@ from oospec.server.reply import Reply, ReplyBuilder
 from oospec.server.schemas import ChatRequest
 from oospec.server.worker import Cancelled, QueuedRequest, Worker, timeout_error
 from oospec.tools.dialects import get_dialect
+
+log = logging.getLogger("oospec.server")
 
 
 @dataclass
@@ -132,7 +135,12 @@ class ModelService:
         else:
             finish_reason = "length"
         queue_s = (job.started_at or job.submitted_at) - job.submitted_at
-        return Completion(work, final, gen, finish_reason, queue_s, self._stats(work, gen, final, queue_s))
+        stats = self._stats(work, gen, final, queue_s)
+        failure = request.constraint.failure if request.constraint is not None else None
+        if failure is not None:  # the reply ended where the grammar library could not go on (see constraint.py)
+            log.error("request %s: the call grammar failed after %d tokens: %s", work.id, gen.tokens.size, failure)
+            stats["grammar_error"] = failure
+        return Completion(work, final, gen, finish_reason, queue_s, stats)
 
     def _stats(self, work: Work, gen: Generation, reply: Reply, queue_s: float) -> dict:
         s = gen.stats

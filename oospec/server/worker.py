@@ -12,6 +12,7 @@ import concurrent.futures
 import logging
 import math
 import queue
+import statistics
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from typing import Any
 from oospec.server.errors import APIError
 
 log = logging.getLogger("oospec.server")
+MAX_RETRY_AFTER_S = 60  # the longest Retry-After a 429 carries
 
 
 class Cancelled(Exception):
@@ -91,12 +93,14 @@ class Worker:
                            headers={"Retry-After": str(retry)}) from None
 
     def retry_after_s(self) -> int:
-        """When the queue has room again at the earliest if every job takes as long as recent ones did: the
-        running job's remaining time plus that of the jobs waiting (a retry then starts at the back)."""
-        per_job = max(sum(self.recent_s) / len(self.recent_s), max(self.recent_s) / 2)
+        """When the queue has room again if jobs take what they typically took lately: the running job's remaining
+        time plus that of the jobs waiting (a retry then starts at the back). The typical time is the median of
+        recent jobs, so one slow request does not stretch every answer, and the result is at most
+        MAX_RETRY_AFTER_S: a client is never sent away for longer than it takes to look again."""
+        per_job = statistics.median(self.recent_s)
         running = self.running
         left = per_job - (time.monotonic() - running.started_at) if running and running.started_at else 0.0
-        return max(1, math.ceil(max(left, 0.0) + per_job * self.waiting))
+        return min(MAX_RETRY_AFTER_S, max(1, math.ceil(max(left, 0.0) + per_job * self.waiting)))
 
     def _loop(self) -> None:
         while True:

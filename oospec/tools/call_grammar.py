@@ -26,6 +26,7 @@ from typing import Any
 
 from oospec.errors import OospecError
 from oospec.tools.dialects import Dialect, ToolCall
+from oospec.tools.schema_limits import UnsupportedSchema, check_schema
 
 # How tojson writes JSON; llguidance's JSON options (x-guidance) say the same, and nothing else is allowed.
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ",
@@ -66,7 +67,8 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], names: Sequence[str], diale
 
     parallel: several calls may follow each other; False: exactly one.
     special_tokens: text -> token id of markers the tokenizer holds as one special token (Qwen2.5's
-    ``<tool_call>``): the grammar accepts either the token or the same text written out."""
+    ``<tool_call>``): the grammar accepts either the token or the same text written out.
+    UnsupportedSchema (oospec.tools.schema_limits) for parameters no grammar can follow."""
     before, between, after = call_layout(dialect)
     schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
     missing = [n for n in names if n not in schemas]
@@ -75,6 +77,10 @@ def call_grammar(tools: Sequence[Mapping[str, Any]], names: Sequence[str], diale
     markers = dict(special_tokens or {})
     rules = []
     for i, name in enumerate(dict.fromkeys(names)):
+        try:
+            check_schema(schemas[name])
+        except UnsupportedSchema as exc:
+            raise UnsupportedSchema(exc.reason, exc.pointer, function=name) from None
         head, tail = dialect.render_json(ToolCall(name, {})).rsplit("{}", 1)
         schema = json.dumps(arguments_schema(schemas[name]), ensure_ascii=False)
         rules.append(f"args_{i}: %json {schema}")
