@@ -219,7 +219,7 @@ def test_tool_choice_variants(server, engine):
     forced = '<tool_call>\n{"name": "get_time", "arguments": '
     hermes = get_dialect("hermes")
     calls = check_against_greedy(engine, named, ["get_weather", "get_time"], "get_time", forced,
-                                 call_grammar([WEATHER, TIME], ["get_time"], hermes))
+                                 call_grammar([WEATHER, TIME], ["get_time"], hermes, parallel=False))
     assert named.choices[0].message.tool_calls[0].function.name == "get_time" == calls[0].name
     assert named.choices[0].finish_reason == "tool_calls"  # the call ends, then the turn: the grammar allows no more
     assert json.loads(named.choices[0].message.tool_calls[0].function.arguments).keys() == {"city"}

@@ -16,7 +16,8 @@ The forced text is appended to the prompt after the generation header, so the ge
 target's greedy continuation of it; it is part of the reply's text (and of `usage.prompt_tokens`). For required
 and function, what follows is decoded under the call grammar (oospec.tools.call_grammar, `call_constraint`):
 only offered (or the named) functions, arguments an object following the function's parameters, then the end
-of the turn. Pythonic calls have no grammar, so for that dialect required and named tool_choice are refused (400):
+of the turn. A named function is called once (what naming it asks for, as vLLM's named tool_choice does);
+required allows further calls unless `parallel_tool_calls` is false. Pythonic calls have no grammar, so for that dialect required and named tool_choice are refused (400):
 a forced `[f(` start alone could still end as text, which a client that asked for a call cannot tell from one.
 """
 
@@ -52,6 +53,7 @@ def build_request(engine, req: ChatRequest, *, default_max_tokens: int, budget: 
     the prompt leaves no room in the context, or tool_choice's tools make no grammar."""
     tokenizer = engine.tokenizer
     dialect = get_dialect(req.options.dialect)
+    constraint = call_constraint(engine, req, dialect)  # first: a schema no grammar holds is refused as such
     offer_tools = bool(req.tools) and req.tool_choice != "none" and not req.options.tools_in_prompt
     # The client's strings are marked before anything of the server's joins them, so that control-token strings
     # in them are tokenized as text and the server's markup (dialect, tools block) as the tokenizer reads it.
@@ -90,7 +92,7 @@ def build_request(engine, req: ChatRequest, *, default_max_tokens: int, budget: 
         temperature=req.temperature,
         top_p=req.top_p,
         seed=req.seed,
-        constraint=call_constraint(engine, req, dialect),
+        constraint=constraint,
     )
     return request, forced
 
