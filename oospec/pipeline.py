@@ -21,7 +21,7 @@ from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import ChatTemplateError, OospecError
 from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB, DEFAULT_TARGET
 from oospec.sidecar.process import SidecarClient, SidecarSettings, make_sidecar
-from oospec.tools.dialects import ToolCall, get_dialect
+from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall, get_dialect
 
 
 def target_threads(threads: int | None, sidecar: SidecarSettings | None) -> int | None:
@@ -66,7 +66,7 @@ class Pipeline:
             request = replace(request, budget=self.budget)
         return self.engine.generate(request, drafter=self.drafter, prefix_cache=prefix_cache, on_tokens=on_tokens)
 
-    def tool_calls(self, result: Result, dialect: str = "hermes") -> list[ToolCall]:
+    def tool_calls(self, result: Result, dialect: str = DEFAULT_DIALECT) -> list[ToolCall]:
         """The tool calls in a reply, read as the target writes them (`dialect`, see oospec.tools.dialects)."""
         return get_dialect(dialect).parse(result.text)
 
