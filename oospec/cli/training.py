@@ -10,6 +10,7 @@ from oospec.errors import OospecError
 from oospec.models.cpu_features import DRAFTER_DTYPES
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 from oospec.sidecar.selfdraft import SLOT_ORDERS
+from oospec.training.config import MAX_MISSED_CALLS, TrainConfig  # no torch: cheap at parse time
 
 
 def cmd_traces(args) -> None:
@@ -77,9 +78,17 @@ def cmd_rehash(args) -> None:
           f"{len(content['held_out'])} held-out requests{parent}")
 
 
-def cmd_train(args) -> None:
+def train_config(args) -> TrainConfig:
+    """The TrainConfig the parsed `sidecar train` options ask for."""
     from oospec.sidecar.process import resolve_adapter
-    from oospec.training.lora import TrainConfig, train
+
+    return TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
+                       batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
+                       threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
+
+
+def cmd_train(args) -> None:
+    from oospec.training.lora import train
     from oospec.training.traces import read_traces
 
     traces = read_traces(args.traces)
@@ -90,10 +99,7 @@ def cmd_train(args) -> None:
         traces = [t for t in traces if t.get("dataset") in keep]
         if not traces:
             raise OospecError(f"no traces of datasets {sorted(keep)} in {args.traces}")
-    cfg = TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
-                      batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
-                      threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
-    summary = train(traces, args.out, cfg, max_minutes=args.max_minutes)
+    summary = train(traces, args.out, train_config(args), max_minutes=args.max_minutes)
     # The split's manifest goes with the adapter (and each epoch's checkpoint): which items and tools it used.
     manifest = Path(args.traces).parent / "manifest.json"
     if manifest.is_file():
@@ -168,10 +174,10 @@ def cmd_tune(args) -> None:
                                           if (d / n).is_file()), None)
         checked[folder] = check_validation_traces(manifest, traces)
         print(f"{folder}: validation traces: {checked[folder]}")
-    limit = {} if args.max_missed_calls is None else {"max_missed_calls": args.max_missed_calls}
     chosen = []
     for folder in args.adapter:
-        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder, dtype="float32"), traces, **limit)
+        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder, dtype="float32"), traces,
+                      max_missed_calls=args.max_missed_calls)
         print(f"\n{folder}\n\n{format_grid(result)}")
         settings = write_tuning(folder, result, args.traces, checked[folder])
         met = "" if result["constraint_met"] else (
@@ -203,18 +209,19 @@ def add_sidecar_parser(sub) -> None:
                     "oospec sidecar train --traces runs/sidecar-data/train_traces.jsonl --out runs/sidecar-adapter")
     p.add_argument("--traces", default="runs/sidecar-data/train_traces.jsonl")
     p.add_argument("--out", default="runs/sidecar-adapter")
-    p.add_argument("--base", default=DEFAULT_SIDECAR)
-    p.add_argument("--r", type=int, default=8)
-    p.add_argument("--alpha", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-requests", type=int, default=4)
+    # The defaults are TrainConfig's (train_config reads the options back).
+    p.add_argument("--base", default=TrainConfig.base)
+    p.add_argument("--r", type=int, default=TrainConfig.r, help="LoRA rank")
+    p.add_argument("--alpha", type=int, default=TrainConfig.alpha, help="LoRA alpha")
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--batch-requests", type=int, default=TrainConfig.batch_requests)
     p.add_argument("--datasets", default=None, metavar="A,B",
                    help="train on the traces of these datasets only (e.g. apibank,toolalpaca: no synthetic requests)")
-    p.add_argument("--rank-weight", type=float, default=1.0,
+    p.add_argument("--rank-weight", type=float, default=TrainConfig.rank_weight,
                    help="weight of the function-ranking loss (teacher's tool above the other offered tools)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init-adapter", default=None, metavar="DIR",
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
+    p.add_argument("--init-adapter", default=TrainConfig.init_adapter, metavar="DIR",
                    help="start from this adapter's weights (split with the same --init-adapter)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this long, saving the state: the same command resumes")
@@ -267,8 +274,7 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--base", default=DEFAULT_SIDECAR)
     p.add_argument("--manifest", default=None, metavar="JSON",
                    help="the split's manifest, to check the traces are validation items (default: the adapter's)")
-    p.add_argument("--max-missed-calls", type=float, default=None,
-                   help="most of the teacher's calls a chosen setting may answer 'no call', a fraction (default: "
-                        "oospec.training.tune.MAX_MISSED_CALLS, 0.02)")
+    p.add_argument("--max-missed-calls", type=float, default=MAX_MISSED_CALLS,
+                   help="most of the teacher's calls a chosen setting may answer 'no call', a fraction")
     add_threads_option(p)
     p.set_defaults(func=cmd_tune)
