@@ -19,7 +19,8 @@ from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine, Result
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import ChatTemplateError, OospecError
-from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB, DEFAULT_TARGET
+from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB,
+                                     DEFAULT_TARGET)
 from oospec.sidecar.process import SidecarClient, SidecarSettings, make_sidecar
 from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall, get_dialect
 
@@ -94,8 +95,8 @@ class Pipeline:
 
 
 def load(model: str = DEFAULT_TARGET, method: str = DEFAULT_METHOD, *, sidecar: SidecarSettings | str | None = None,
-         threads: int | None = None, budget: int = DEFAULT_BUDGET, dtype: str = "auto", device: str = "cpu",
-         optimize: bool = True, **drafter_options) -> Pipeline:
+         threads: int | None = None, budget: int = DEFAULT_BUDGET, dtype: str = DEFAULT_DTYPE,
+         device: str = DEFAULT_DEVICE, optimize: bool = True, **drafter_options) -> Pipeline:
     """A Pipeline for `model` decoding with `method` (default oospec). sidecar: its model name, or SidecarSettings
     (default: the shipped sidecar and its adapter, on the CPU); started only for the methods that use one.
     threads: the target's torch threads (default: all cores less the sidecar's, see `target_threads`).

@@ -89,20 +89,37 @@ def test_every_command_parses_with_nothing_but_its_required_options():
         assert parse_defaults(path).func is not None, path
 
 
-def test_the_functions_commands_call_take_the_options_defaults():
-    """Commands that call a function with their options rather than build a dataclass: the same defaults."""
+def function_options():
+    """(command, function, {parameter: option dest}) of the commands that pass options to a function's
+    parameters rather than build a dataclass (see each command's cmd_* function)."""
     from oospec.bench import serve
+    from oospec.training.pool import pool_sources, training_pool
+    from oospec.training.split import split_traces
     from oospec.training.traces import record_traces
 
-    def defaults(function) -> dict:
-        return {k: p.default for k, p in inspect.signature(function).parameters.items()
-                if p.default is not inspect.Parameter.empty}
+    return [
+        (("bench", "serve"), serve.run, {"max_tokens": "max_new_tokens", "prefix_cache_mb": "prefix_cache_mb",
+                                         "threads": "threads", "dtype": "dtype", "device": "device"}),
+        (("sidecar", "traces"), record_traces, {"max_new_tokens": "max_new_tokens"}),
+        (("sidecar", "traces"), training_pool, {"seed": "seed", "rounds": "rounds"}),
+        (("sidecar", "traces"), pool_sources, {"scale": "scale"}),
+        (("sidecar", "split"), split_traces, {"seed": "seed", "fractions": "fractions"}),
+    ]
 
-    bench_serve, run = parse_defaults(("bench", "serve")), defaults(serve.run)
-    assert (bench_serve.max_new_tokens, bench_serve.prefix_cache_mb, bench_serve.threads, bench_serve.dtype,
-            bench_serve.device, not bench_serve.no_optimize) == (
-        run["max_tokens"], run["prefix_cache_mb"], run["threads"], run["dtype"], run["device"], run["optimize"])
-    assert parse_defaults(("sidecar", "traces")).max_new_tokens == defaults(record_traces)["max_new_tokens"]
+
+def option_value(args: argparse.Namespace, dest: str):
+    """An option's value as the command passes it (--fractions: a comma list of floats)."""
+    value = getattr(args, dest)
+    return tuple(float(x) for x in value.split(",")) if dest == "fractions" else value
+
+
+def test_the_functions_commands_call_take_the_options_defaults():
+    """Commands that call a function with their options rather than build a dataclass: the same defaults."""
+    for command, function, passed in function_options():
+        args, signature = parse_defaults(command), inspect.signature(function).parameters
+        differ = {param: (option_value(args, dest), signature[param].default) for param, dest in passed.items()
+                  if option_value(args, dest) != signature[param].default}
+        assert not differ, f"`oospec {' '.join(command)}` vs {function.__qualname__} (option, parameter): {differ}"
 
 
 # -- no literal written twice -------------------------------------------------------------------------------
@@ -175,8 +192,8 @@ def literal_defaults() -> list[tuple[str, int, str, str, str]]:
 
 def read_options() -> dict[tuple[str, str], set[str]]:
     """(the CLI file that defines a command, the command's name) -> the options (dests) its readers turn into
-    dataclass fields: every `args.<dest>` the reader's source reads (a lambda here stands for the oospec.cli
-    function it calls)."""
+    dataclass fields (every `args.<dest>` the reader's source reads; a lambda here stands for the oospec.cli
+    function it calls) or pass to a function's parameters (`function_options`)."""
     read: dict[tuple[str, str], set[str]] = {}
     for command, reader, _, _ in READERS:
         function = generate_request if reader.__name__ == "<lambda>" else reader
@@ -185,13 +202,16 @@ def read_options() -> dict[tuple[str, str], set[str]]:
         file = parse_defaults(command).func.__module__.rsplit(".", 1)[-1] + ".py"
         own = GENERATE_OWN if command == ("generate",) else set()
         read.setdefault((file, command[-1]), set()).update(dests - own)
+    for command, _, passed in function_options():
+        file = parse_defaults(command).func.__module__.rsplit(".", 1)[-1] + ".py"
+        read.setdefault((file, command[-1]), set()).update(passed.values())
     return read
 
 
 def retyped(found, read) -> list[str]:
     everywhere = set().union(*read.values())
     return [f"oospec/cli/{file}:{line}: `{command}` option {dest} defaults to the literal {value}: take the "
-            f"default of the dataclass field it sets"
+            f"default of the dataclass field (or the parameter) it sets"
             for file, line, command, dest, value in found
             if dest in (everywhere if command == "*" else read.get((file, command), ()))]
 
@@ -204,6 +224,7 @@ def test_the_readers_read_the_options_they_check():
     assert {"offset", "limit", "methods", "seed", "sidecar_threads", "dtype", "device"} <= read["bench.py", "run"]
     assert {"offset", "limit", "sidecar_threads", "device"} <= read["bench.py", "serve"]
     assert {"temperature", "top_p", "top_k", "seed"} <= read["generate.py", "generate"]
+    assert {"seed", "scale", "rounds", "max_new_tokens"} <= read["training.py", "traces"]
 
 
 def test_the_scan_finds_a_retyped_literal():
@@ -212,8 +233,9 @@ def test_the_scan_finds_a_retyped_literal():
     read = read_options()
     planted = [("serve.py", 1, "serve", "max_queue", "8"), ("options.py", 2, "*", "sidecar_threads", "1"),
                ("training.py", 3, "train", "r", "16"), ("bench.py", 4, "run", "methods", "'ar,pld'"),
-               ("bench.py", 5, "vllm", "max_model_len", "4096"), ("bench.py", 6, "serve", "methods", "'ar'")]
-    assert [m.split(":")[1] for m in retyped(planted, read)] == ["1", "2", "3", "4"]
+               ("training.py", 5, "split", "fractions", "'0.7,0.15,0.15'"),
+               ("bench.py", 6, "vllm", "max_model_len", "4096"), ("bench.py", 7, "serve", "methods", "'ar'")]
+    assert [m.split(":")[1] for m in retyped(planted, read)] == ["1", "2", "3", "4", "5"]
 
 
 def test_no_option_default_is_a_retyped_literal():

@@ -13,6 +13,7 @@ takes that field's default, never a literal of its own: tests/test_defaults_once
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -21,11 +22,10 @@ from oospec.bench.items import Selection
 from oospec.engine.drafting import Request
 from oospec.errors import OospecError, did_you_mean
 from oospec.models.cpu_features import DRAFTER_DTYPES
+from oospec.models.loading import DTYPES
 from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_METHOD,
                                      DEFAULT_TARGET, KNOWN_MODELS)
 from oospec.sidecar.process import SidecarSettings
-
-DTYPES = ["auto", "float32", "bfloat16", "float16"]
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -61,6 +61,11 @@ def add_command(sub, name: str, help: str, example: str, **options) -> argparse.
 def add_verbose_option(p: argparse.ArgumentParser, default=False) -> None:
     p.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="show library warnings and weight-loading progress bars")
+
+
+def default_of(function: Callable, parameter: str):
+    """The default of `function`'s `parameter`: the default of an option whose value the command passes there."""
+    return inspect.signature(function).parameters[parameter].default
 
 
 def _int_at_least(text: str, minimum: int) -> int:

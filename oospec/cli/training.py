@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oospec.cli.options import add_command, add_max_new_tokens_option, add_threads_option, positive_int, set_threads
+from oospec.cli.options import (add_command, add_max_new_tokens_option, add_threads_option, default_of, positive_int,
+                                set_threads)
 from oospec.errors import OospecError
 from oospec.models.cpu_features import DRAFTER_DTYPES
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 from oospec.sidecar.selfdraft import SLOT_ORDERS
 from oospec.training.config import MAX_MISSED_CALLS, TrainConfig  # no torch: cheap at parse time
+from oospec.training.pool import pool_sources, training_pool
+from oospec.training.split import split_traces
 
 
 def cmd_traces(args) -> None:
     from oospec.engine.engine import Engine
-    from oospec.training.pool import pool_sources, training_pool
     from oospec.training.traces import record_traces
 
     set_threads(args.threads)
@@ -37,11 +39,9 @@ def cmd_split(args) -> None:
     from collections import Counter
 
     from oospec.sidecar.process import resolve_adapter
-    from oospec.training.evaluate import source_of
-    from oospec.training.pool import pool_sources
     from oospec.training.content import split_content
-    from oospec.training.split import (PARTS, adapter_trained_tools, benchmark_tools, split_traces,
-                                       write_trace_split)
+    from oospec.training.evaluate import source_of
+    from oospec.training.split import PARTS, adapter_trained_tools, benchmark_tools, write_trace_split
     from oospec.training.traces import read_traces
 
     traces = read_traces(args.traces)
@@ -198,9 +198,10 @@ def add_sidecar_parser(sub) -> None:
                     "oospec sidecar traces --out runs/sidecar-data")
     p.add_argument("--out", default="runs/sidecar-data")
     p.add_argument("--teacher", default=DEFAULT_TARGET)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", type=float, default=1.0, help="times the pool's drawn items per source")
-    p.add_argument("--rounds", type=positive_int, default=2,
+    p.add_argument("--seed", type=int, default=default_of(training_pool, "seed"))
+    p.add_argument("--scale", type=float, default=default_of(pool_sources, "scale"),
+                   help="times the pool's drawn items per source")
+    p.add_argument("--rounds", type=positive_int, default=default_of(training_pool, "rounds"),
                    help="parts traced one after another, each with its share of every source")
     add_max_new_tokens_option(p, help="most tokens of each teacher reply")
     add_threads_option(p)
@@ -231,8 +232,9 @@ def add_sidecar_parser(sub) -> None:
                     "oospec sidecar split --traces runs/sidecar-data/traces.jsonl --out runs/sidecar-split")
     p.add_argument("--traces", default="runs/sidecar-data/traces.jsonl")
     p.add_argument("--out", default="runs/sidecar-split")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fractions", default="0.7,0.15,0.15", help="of the called tools: train,validation,test")
+    p.add_argument("--seed", type=int, default=default_of(split_traces, "seed"))
+    p.add_argument("--fractions", default=",".join(map(str, default_of(split_traces, "fractions"))),
+                   help="of the called tools: train,validation,test")
     p.add_argument("--init-adapter", default=None, metavar="DIR",
                    help="an adapter training will start from: its training tools are kept in train")
     p.set_defaults(func=cmd_split)
