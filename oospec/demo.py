@@ -8,7 +8,7 @@ from rich.table import Table
 
 from oospec.datasets import load_dataset
 from oospec.engine.threads import torch_threads
-from oospec.models.registry import DEFAULT_BUDGET
+from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE
 from oospec.pipeline import Pipeline, load, sidecar_lines
 from oospec.sidecar.process import SidecarSettings
 
@@ -17,7 +17,8 @@ TABLE_COLUMNS = ("tokens", "forwards", "tau", "prefill", "decode", "total", "dec
 
 def run_demo(model: str, method: str, sample_index: int, warmup_samples: int, max_new_tokens: int,
              threads: int | None = None, sidecar: SidecarSettings | None = SidecarSettings(), *,
-             dtype: str = "auto", device: str = "cpu", optimize: bool = True, budget: int = DEFAULT_BUDGET) -> bool:
+             dtype: str = DEFAULT_DTYPE, device: str = DEFAULT_DEVICE, optimize: bool = True,
+             budget: int = DEFAULT_BUDGET) -> bool:
     """sidecar: the sidecar of a method that uses one (None for the others). threads: the target's (default:
     all cores less the sidecar's, oospec.pipeline.target_threads)."""
     console = Console()

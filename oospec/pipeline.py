@@ -19,9 +19,10 @@ from oospec.engine.drafting import Drafter, Request
 from oospec.engine.engine import Engine, Result
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import ChatTemplateError, OospecError
-from oospec.models.registry import DEFAULT_BUDGET, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB, DEFAULT_TARGET
+from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_METHOD, DEFAULT_PREFIX_CACHE_MB,
+                                     DEFAULT_TARGET)
 from oospec.sidecar.process import SidecarClient, SidecarSettings, make_sidecar
-from oospec.tools.dialects import ToolCall, get_dialect
+from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall, get_dialect
 
 
 def target_threads(threads: int | None, sidecar: SidecarSettings | None) -> int | None:
@@ -66,7 +67,7 @@ class Pipeline:
             request = replace(request, budget=self.budget)
         return self.engine.generate(request, drafter=self.drafter, prefix_cache=prefix_cache, on_tokens=on_tokens)
 
-    def tool_calls(self, result: Result, dialect: str = "hermes") -> list[ToolCall]:
+    def tool_calls(self, result: Result, dialect: str = DEFAULT_DIALECT) -> list[ToolCall]:
         """The tool calls in a reply, read as the target writes them (`dialect`, see oospec.tools.dialects)."""
         return get_dialect(dialect).parse(result.text)
 
@@ -94,8 +95,8 @@ class Pipeline:
 
 
 def load(model: str = DEFAULT_TARGET, method: str = DEFAULT_METHOD, *, sidecar: SidecarSettings | str | None = None,
-         threads: int | None = None, budget: int = DEFAULT_BUDGET, dtype: str = "auto", device: str = "cpu",
-         optimize: bool = True, **drafter_options) -> Pipeline:
+         threads: int | None = None, budget: int = DEFAULT_BUDGET, dtype: str = DEFAULT_DTYPE,
+         device: str = DEFAULT_DEVICE, optimize: bool = True, **drafter_options) -> Pipeline:
     """A Pipeline for `model` decoding with `method` (default oospec). sidecar: its model name, or SidecarSettings
     (default: the shipped sidecar and its adapter, on the CPU); started only for the methods that use one.
     threads: the target's torch threads (default: all cores less the sidecar's, see `target_threads`).

@@ -7,51 +7,49 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
+from oospec.bench.items import Selection
+from oospec.engine.drafting import Request
+from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_NEW_TOKENS,
+                                     DEFAULT_SIDECAR, DEFAULT_TARGET)
+from oospec.sidecar.process import SidecarSettings
 
 
 @dataclass
-class BenchConfig:
-    # The item selection: the fields of oospec.bench.items.Selection, as the same options set them.
-    datasets: list[str] = field(default_factory=list)  # names, "name:split" or file paths
-    methods: list[str] = field(default_factory=lambda: ["ar", "pld", "toolspec"])
+class BenchConfig(Selection):
+    """A benchmark run: its items (the Selection it extends: datasets, split, data, items, offset, limit,
+    held_out_only, allow_trained_items, sessions, with their defaults) and how each method runs on them."""
+
+    # ar always runs, listed or not: every speed-up is against it (oospec.bench.methods.parse_methods).
+    methods: list[str] = field(default_factory=lambda: ["ar", "pld", "toolspec", "hf-pld", "oracle"])
     target: str = DEFAULT_TARGET
-    split: str | None = None  # applies to every dataset given without ":split"
-    data: list[str] = field(default_factory=list)  # extra dataset files (load_path)
-    limit: int | None = None
-    offset: int = 0  # skip the first N items of each dataset (before held_out_only and limit)
-    held_out_only: bool = False  # drop the items the sidecar adapter was trained on (else they are refused)
-    items: list[str] = field(default_factory=list)  # only these item ids (e.g. another run's), before offset
     # ar at the target's share of the cores beside sidecar methods (the report's secondary column); off, a run
     # that only needs tau and identity costs a third less
     secondary_baseline: bool = True
-    # Agent sessions: each dialogue's turns replayed in order, every method with its own prefix cache (and its
-    # sidecar's) kept across the turns of a session; --offset and --limit then count sessions.
-    sessions: bool = False
     # "required": every reply must call one of the item's tools, decoded under the call grammar (the forced start
     # appended to the prompt), for `ar` and every method alike; "auto": the model decides, no grammar.
     tool_choice: str = "auto"
-    max_new_tokens: int = 128
-    budget: int = 16
-    # Sampling: temperature 0 is greedy. Above it every method samples with the same per-item seed (see
-    # item_seed), so `ar` is plain sampling and a lossless method returns exactly its tokens (coupled draws).
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    budget: int = DEFAULT_BUDGET
+    # Sampling (a Request's defaults): temperature 0 is greedy. Above it every method samples with the same
+    # per-item seed (see item_seed), so `ar` is plain sampling and a lossless method returns exactly its tokens
+    # (coupled draws); the run's seed is fixed, so that a rerun draws the same tokens.
+    temperature: float = Request.temperature
+    top_p: float = Request.top_p
+    top_k: int = Request.top_k
     seed: int = 0
     # The target's torch threads while a sidecar method runs; every other method gets these plus the sidecar's
     # (see Cores). None: all cores torch would use, less the sidecar's.
     threads: int | None = None
-    sidecar_model: str = DEFAULT_SIDECAR
-    sidecar_threads: int = 1
-    sidecar_device: str = "cpu"
-    sidecar_dtype: str = "auto"  # see oospec.models.cpu_features.drafter_dtype
-    sidecar_adapter: str | None = "auto"  # see oospec.sidecar.process.resolve_adapter
-    allow_trained_items: bool = False  # run items the sidecar adapter was trained on (else refused)
+    # The sidecar of the methods that use one, as SidecarSettings describe it.
+    sidecar_model: str = SidecarSettings.model
+    sidecar_threads: int = SidecarSettings.threads
+    sidecar_device: str = SidecarSettings.device
+    sidecar_dtype: str = SidecarSettings.dtype  # see oospec.models.cpu_features.drafter_dtype
+    sidecar_adapter: str | None = SidecarSettings.adapter  # see oospec.sidecar.process.resolve_adapter
     out: str | Path | None = None
-    assistant: str = DEFAULT_SIDECAR
-    dtype: str = "auto"
-    device: str = "cpu"
+    assistant: str = DEFAULT_SIDECAR  # the draft model of hf-assisted
+    dtype: str = DEFAULT_DTYPE
+    device: str = DEFAULT_DEVICE
     optimize: bool = True
     warmup: bool = True
     progress: bool = True

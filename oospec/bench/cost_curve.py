@@ -18,10 +18,11 @@ import torch
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree
 
-DEFAULT_KS = (1, 2, 4, 8, 16, 32, 64)
 
 
-def measure(model: torch.nn.Module, prompt_len: int = 580, ks=DEFAULT_KS, repeats: int = 5, seed: int = 0) -> dict:
+def measure(model: torch.nn.Module, prompt_len: int, ks, repeats: int, seed: int = 0) -> dict:
+    """The curve of `ks` on a random `prompt_len`-token prompt, each k timed `repeats` times (their defaults are
+    `oospec bench cost-curve`'s options)."""
     vocab = model.config.vocab_size
     rng = np.random.default_rng(seed)
     prompt = rng.integers(0, vocab, prompt_len)

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import sys
 
+from oospec.bench.config import BenchConfig
 from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # no torch, no vLLM: cheap at parse time
 from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
                                 add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
                                 positive_int, set_threads, sidecar_settings)
-from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_SIDECAR
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
 
 COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
 RUN_EXAMPLE = """oospec bench run --dataset apibank:1 --limit 8 --methods ar,toolspec,oospec
@@ -51,20 +52,26 @@ def cmd_bench_cost_curve(args) -> None:
         print(f"written to {args.out}")
 
 
-def cmd_bench_run(args) -> None:
-    from oospec.bench.config import BenchConfig
-    from oospec.bench.run import invoked_command, run_benchmark
-
-    run_benchmark(BenchConfig(
-        **item_selection(args), methods=args.methods, target=args.model, sessions=args.sessions,
+def bench_config(args) -> BenchConfig:
+    """The BenchConfig the parsed `bench run` options ask for."""
+    return BenchConfig(
+        **item_selection(args), methods=args.methods.split(","), target=args.model, sessions=args.sessions,
         tool_choice=args.tool_choice, secondary_baseline=not args.no_secondary_baseline,
         max_new_tokens=args.max_new_tokens, budget=args.budget, threads=args.threads, out=args.out,
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
-        warmup=not args.no_warmup, progress=not args.no_progress, command=invoked_command(),
+        warmup=not args.no_warmup, progress=not args.no_progress,
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
         sidecar_dtype=args.sidecar_dtype, sidecar_adapter=args.sidecar_adapter, temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-    ))
+    )
+
+
+def cmd_bench_run(args) -> None:
+    from dataclasses import replace
+
+    from oospec.bench.run import invoked_command, run_benchmark
+
+    run_benchmark(replace(bench_config(args), command=invoked_command()))
 
 
 def cmd_bench_serve(args) -> None:
@@ -145,23 +152,24 @@ def add_bench_parser(sub) -> None:
     p = add_command(bench, "run", "speed, identical-output rate and accuracy of decoding methods on benchmarks",
                     RUN_EXAMPLE)
     add_item_options(p)
-    p.add_argument("--methods", default="ar,pld,toolspec,hf-pld,oracle",
+    p.add_argument("--methods", default=",".join(BenchConfig().methods),
                    help="comma list: ar, pld, toolspec, oospec, ... (any drafter), oracle, ar-all-cores, hf-pld, "
                         "hf-assisted; ar always runs")
-    p.add_argument("--assistant", default=DEFAULT_SIDECAR, help="assistant model for hf-assisted")
+    p.add_argument("--assistant", default=BenchConfig.assistant, help="assistant model for hf-assisted")
     p.add_argument("--sessions", action="store_true",
                    help="agent sessions: each dialogue replayed turn by turn, every method reusing its own prefix "
                         "cache (target and sidecar) across a session's turns; --limit/--offset count sessions "
                         "(API-Bank level 1)")
-    p.add_argument("--tool-choice", default="auto", choices=("auto", "required"),
+    p.add_argument("--tool-choice", default=BenchConfig.tool_choice, choices=("auto", "required"),
                    help="required: every reply must call one of the item's tools, decoded under the call grammar "
                         "(llguidance), ar and every method alike")
     p.add_argument("--no-secondary-baseline", action="store_true",
                    help="skip ar at the target's share of the cores beside sidecar methods (the secondary column)")
-    add_max_new_tokens_option(p)
-    add_budget_option(p)
+    add_max_new_tokens_option(p, default=BenchConfig.max_new_tokens)
+    add_budget_option(p, default=BenchConfig.budget)
     add_sampling_options(p, "0: greedy; > 0: every method samples, `ar` plainly, the others speculatively, with "
-                            "the same seed per item", 0, "the run's seed (items get their own from it)")
+                            "the same seed per item", "the run's seed (items get their own from it)",
+                         seed_default=BenchConfig.seed)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -16,16 +16,22 @@ oospec generate --model smollm2-135m --method pld --messages m.json --json"""
 DEMO_EXAMPLE = "oospec demo --sample 3"
 
 
-def cmd_generate(args) -> None:
+def generate_request(args, messages: list[dict], tools: list[dict] | None):
+    """The Request the parsed `generate` options ask for."""
     from oospec.engine.drafting import Request
+
+    return Request.chat(messages, tools, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+                        top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+
+
+def cmd_generate(args) -> None:
     from oospec.engine.engine import Engine
     from oospec.pipeline import attach, check_template_renders_tools, sidecar_lines, target_threads, use_threads
 
     check_sampling_options(args)
     messages = load_json(args.messages, "messages")
     tools = load_tools(args.tools) if args.tools else None
-    request = Request.chat(messages, tools, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
-                           top_p=args.top_p, top_k=args.top_k, seed=args.seed)
+    request = generate_request(args, messages, tools)
     options = {}
     if args.memory:
         from oospec.drafters.retrieval import CallMemory
@@ -89,7 +95,7 @@ def add_generate_parser(sub) -> None:
     add_budget_option(p)
     add_sampling_options(p, "0: greedy, token-identical to plain greedy; > 0: sample, the drafts verified by "
                             "speculative sampling (the distribution of plain sampling)",
-                         None, "the same seed, the same reply")
+                         "the same seed, the same reply")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--memory", help="JSONL store of past calls that retrieval reads and appends to, across runs")
     add_runtime_options(p)

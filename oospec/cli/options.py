@@ -5,21 +5,27 @@ Items: which benchmark items `bench run`, `bench serve` and `bench vllm` run (`a
 Decoding: --method and --budget, the same default in every command. Sidecar: the out-of-order sidecar's model,
 adapter, threads and device. `sidecar_settings` turns the parsed sidecar options into `make_sidecar`'s
 settings, so every command starts the same sidecar for the same flags.
+
+An option that sets a field of a dataclass (SidecarSettings, Selection, Request, and each command's own config)
+takes that field's default, never a literal of its own: tests/test_defaults_once.py checks both.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from oospec.bench.items import Selection
+from oospec.engine.drafting import Request
 from oospec.errors import OospecError, did_you_mean
 from oospec.models.cpu_features import DRAFTER_DTYPES
-from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_MAX_NEW_TOKENS, DEFAULT_METHOD, DEFAULT_SIDECAR, DEFAULT_TARGET,
-                                     KNOWN_MODELS)
-
-DTYPES = ["auto", "float32", "bfloat16", "float16"]
+from oospec.models.loading import DTYPES
+from oospec.models.registry import (DEFAULT_BUDGET, DEFAULT_DEVICE, DEFAULT_DTYPE, DEFAULT_MAX_NEW_TOKENS, DEFAULT_METHOD,
+                                     DEFAULT_TARGET, KNOWN_MODELS)
+from oospec.sidecar.process import SidecarSettings
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -55,6 +61,11 @@ def add_command(sub, name: str, help: str, example: str, **options) -> argparse.
 def add_verbose_option(p: argparse.ArgumentParser, default=False) -> None:
     p.add_argument("-v", "--verbose", action="store_true", default=default,
                    help="show library warnings and weight-loading progress bars")
+
+
+def default_of(function: Callable, parameter: str):
+    """The default of `function`'s `parameter`: the default of an option whose value the command passes there."""
+    return inspect.signature(function).parameters[parameter].default
 
 
 def _int_at_least(text: str, minimum: int) -> int:
@@ -97,16 +108,16 @@ def method_names() -> list[str]:
     return list(DRAFTERS)
 
 
-def add_method_option(p: argparse.ArgumentParser) -> None:
+def add_method_option(p: argparse.ArgumentParser, default: str = DEFAULT_METHOD) -> None:
     """--method: the drafter. One default everywhere (the registry's DEFAULT_METHOD)."""
     names = method_names()
-    p.add_argument("--method", default=DEFAULT_METHOD, type=one_of(names, "method"), metavar="METHOD",
+    p.add_argument("--method", default=default, type=one_of(names, "method"), metavar="METHOD",
                    help=f"decoding method, one of: {', '.join(names)} (ar: plain greedy decoding; oospec: "
                         "toolspec's drafts plus the sidecar's hints)")
 
 
-def add_budget_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET, help="most draft tokens verified per forward")
+def add_budget_option(p: argparse.ArgumentParser, default: int = DEFAULT_BUDGET) -> None:
+    p.add_argument("--budget", type=positive_int, default=default, help="most draft tokens verified per forward")
 
 
 def add_max_new_tokens_option(p: argparse.ArgumentParser, default: int = DEFAULT_MAX_NEW_TOKENS,
@@ -124,8 +135,8 @@ def add_runtime_options(p: argparse.ArgumentParser, model_default: str = DEFAULT
     args.no_optimize."""
     p.add_argument("--model", "--target", dest="model", default=model_default, metavar="MODEL",
                    help=f"target model: a known name ({', '.join(KNOWN_MODELS)}) or a local Hugging Face folder")
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="auto: bfloat16 on CUDA (padded row-invariant forward, probed at load); on a CPU bfloat16 where it "
+    p.add_argument("--device", default=DEFAULT_DEVICE, help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE, choices=DTYPES, help="auto: bfloat16 on CUDA (padded row-invariant forward, probed at load); on a CPU bfloat16 where it "
                         "is native and a probe finds the forward row-invariant, else float32")
     add_threads_option(p, "--target-threads", what="the target",
                        default_text="all cores, less the sidecar's while one runs on the CPU")
@@ -140,26 +151,25 @@ def add_threads_option(p: argparse.ArgumentParser, *aliases: str, what: str = "t
                    help=f"CPU threads for {what} (default: {default_text})")
 
 
-def add_sidecar_options(p: argparse.ArgumentParser, device_default: str | None = "cpu") -> None:
-    """The sidecar of --method oospec/sidecar (no other method starts one). device_default None: the target's
-    --device (`bench serve`)."""
-    p.add_argument("--sidecar-model", "--sidecar", dest="sidecar_model", metavar="MODEL", default=DEFAULT_SIDECAR,
+def add_sidecar_options(p: argparse.ArgumentParser, device_default: str | None = SidecarSettings.device) -> None:
+    """The sidecar of --method oospec/sidecar (no other method starts one), with SidecarSettings' defaults.
+    device_default None: the target's --device (`bench serve`)."""
+    p.add_argument("--sidecar-model", "--sidecar", dest="sidecar_model", metavar="MODEL", default=SidecarSettings.model,
                    help="the sidecar of --method oospec/sidecar: a known model name or a local Hugging Face folder")
-    p.add_argument("--sidecar-adapter", default="auto",
+    p.add_argument("--sidecar-adapter", default=SidecarSettings.adapter,
                    help="LoRA adapter of the sidecar: auto (the one shipped for the sidecar model, if any), none (the "
                         "base model), or an adapter folder")
-    p.add_argument("--sidecar-threads", type=positive_int, default=1, help="CPU threads of the sidecar's own process")
+    p.add_argument("--sidecar-threads", type=positive_int, default=SidecarSettings.threads,
+                   help="CPU threads of the sidecar's own process")
     p.add_argument("--sidecar-device", default=device_default,
                    help="the sidecar's device: cpu, cuda:1, ... (default: " + (device_default or "--device") + ")")
-    p.add_argument("--sidecar-dtype", choices=DRAFTER_DTYPES, default="auto",
+    p.add_argument("--sidecar-dtype", choices=DRAFTER_DTYPES, default=SidecarSettings.dtype,
                    help="the sidecar's precision, whatever the target's (auto: bfloat16 on CUDA; on a CPU int8 where it "
                         "measures faster than the CPU's float precision)")
 
 
 def sidecar_settings(args: argparse.Namespace):
     """The SidecarSettings that the parsed sidecar and runtime options ask for (see `add_sidecar_options`)."""
-    from oospec.sidecar.process import SidecarSettings  # imports torch: not at parse time
-
     return SidecarSettings(model=args.sidecar_model, adapter=args.sidecar_adapter, threads=args.sidecar_threads,
                            device=args.sidecar_device or args.device, dtype=args.sidecar_dtype)  # not --dtype
 
@@ -203,16 +213,16 @@ DATASET_HELP = ("apibank (splits 1, 2, 3, all), bfcl (simple_python, multiple, p
 
 
 def add_item_options(p: argparse.ArgumentParser) -> None:
-    """The benchmark items, one definition for every bench command (read back by `item_selection`); what they
-    select: oospec.bench.items."""
+    """The benchmark items, one definition for every bench command (read back by `item_selection`), with
+    Selection's defaults; what they select: oospec.bench.items."""
     p.add_argument("--dataset", action="append", metavar="NAME[:SPLIT]", help=DATASET_HELP)
     p.add_argument("--split", help="split for datasets given without :split (apibank 1/2/3/all, bfcl simple_python...)")
     p.add_argument("--data", action="append", metavar="PATH", help="a dataset file in a supported format (repeatable)")
     p.add_argument("--items", default=None, metavar="ID,ID",
                    help="only these item ids (another run's items, in each dataset's order)")
-    p.add_argument("--offset", type=non_negative_int, default=0,
+    p.add_argument("--offset", type=non_negative_int, default=Selection.offset,
                    help="skip the first N items of each dataset (sessions, where the command runs sessions)")
-    p.add_argument("--limit", type=positive_int, default=None,
+    p.add_argument("--limit", type=positive_int, default=Selection.limit,
                    help="the first N items of each dataset after --offset (sessions, where the command runs "
                         "sessions) (default: all)")
     p.add_argument("--held-out-only", action="store_true",
@@ -223,18 +233,20 @@ def add_item_options(p: argparse.ArgumentParser) -> None:
 
 
 def item_selection(args: argparse.Namespace) -> dict:
-    """The fields of oospec.bench.items.Selection (and BenchConfig) that the item options ask for."""
+    """The fields of oospec.bench.items.Selection (which BenchConfig extends) that the item options ask for."""
     return {"datasets": [d.strip() for spec in args.dataset or () for d in spec.split(",") if d.strip()],
             "split": args.split, "data": list(args.data or ()), "offset": args.offset, "limit": args.limit,
             "items": [i.strip() for i in (args.items or "").split(",") if i.strip()],
             "held_out_only": args.held_out_only, "allow_trained_items": args.allow_trained_items}
 
 
-def add_sampling_options(p: argparse.ArgumentParser, temperature_help: str, seed_default: int | None,
-                         seed_help: str) -> None:
-    """--temperature (0: greedy), --top-p, --top-k and --seed; read back under the same names."""
-    p.add_argument("--temperature", type=float, default=0.0, help=temperature_help)
-    p.add_argument("--top-p", type=float, default=1.0, help="with --temperature > 0: nucleus sampling mass")
-    p.add_argument("--top-k", type=int, default=0, help="with --temperature > 0: the k most likely tokens (0: all)")
+def add_sampling_options(p: argparse.ArgumentParser, temperature_help: str, seed_help: str, *,
+                         seed_default: int | None = Request.seed) -> None:
+    """--temperature (0: greedy), --top-p, --top-k and --seed, with a Request's defaults (a command may seed its
+    runs itself); read back under the same names."""
+    p.add_argument("--temperature", type=float, default=Request.temperature, help=temperature_help)
+    p.add_argument("--top-p", type=float, default=Request.top_p, help="with --temperature > 0: nucleus sampling mass")
+    p.add_argument("--top-k", type=int, default=Request.top_k,
+                   help="with --temperature > 0: the k most likely tokens (0: all)")
     p.add_argument("--seed", type=int, default=seed_default, help=f"with --temperature > 0: {seed_help}")
 

@@ -9,7 +9,7 @@ import sys
 
 from oospec.cli.options import (add_budget_option, add_command, add_max_new_tokens_option, add_method_option,
                                 add_runtime_options, add_sidecar_options, method_sidecar)
-from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
+from oospec.server.config import ServerConfig  # no engine import: cheap at parse time
 
 API_KEY_ENV = "OOSPEC_API_KEY"
 
@@ -30,29 +30,34 @@ def add_serve_parser(sub) -> None:
     # `oospec serve MODEL`, as vLLM takes it: the same args.model as --model (SUPPRESS: absent, --model's stands)
     p.add_argument("model", nargs="?", default=argparse.SUPPRESS, metavar="MODEL",
                    help="the target model (the same as --model)")
-    add_method_option(p)
+    add_method_option(p, default=ServerConfig.method)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1: loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", help=f"require 'Authorization: Bearer KEY' on every route but /health "
                                      f"(default: ${API_KEY_ENV} if set)")
     p.add_argument("--served-model-name", help="model id reported to clients (default: --model)")
-    p.add_argument("--max-queue", type=int, default=8, help="requests waiting behind the running one; more get 429")
-    p.add_argument("--request-timeout", type=float, default=600.0, help="seconds per request, queueing included")
+    # The defaults of the options that ServerConfig holds are its own (server_config reads them back).
+    p.add_argument("--max-queue", type=int, default=ServerConfig.max_queue,
+                   help="requests waiting behind the running one; more get 429")
+    p.add_argument("--request-timeout", type=float, default=ServerConfig.request_timeout_s,
+                   help="seconds per request, queueing included")
     # A server has its own default: a client that sets no max_tokens expects the whole reply, not a tool call.
-    add_max_new_tokens_option(p, default=1024, old_spelling="--default-max-tokens",
+    add_max_new_tokens_option(p, default=ServerConfig.default_max_tokens, old_spelling="--default-max-tokens",
                               help="most tokens of a reply whose request sets no max_tokens (capped by the context)")
-    p.add_argument("--default-temperature", type=float, default=0.0,
+    p.add_argument("--default-temperature", type=float, default=ServerConfig.default_temperature,
                    help="when a request sets none (OpenAI's default is 1; 0 is greedy, lossless and fastest)")
-    p.add_argument("--prefix-cache-mb", type=float, default=DEFAULT_PREFIX_CACHE_MB, help="KV memory for prefix reuse; 0 turns it off")
-    add_budget_option(p)
-    p.add_argument("--shutdown-grace", type=float, default=30.0,
+    p.add_argument("--prefix-cache-mb", type=float, default=ServerConfig.prefix_cache_mb,
+                   help="KV memory for prefix reuse; 0 turns it off")
+    add_budget_option(p, default=ServerConfig.budget)
+    p.add_argument("--shutdown-grace", type=float, default=ServerConfig.shutdown_grace_s,
                    help="seconds in-flight work may take to finish on shutdown before it is cancelled")
     p.add_argument("--accept-any-model", action="store_true",
                    help="serve requests whatever `model` they name (else 404 unless it is the served name)")
-    p.add_argument("--max-body-mb", type=float, default=4.0, help="largest request body; larger ones get 413")
+    p.add_argument("--max-body-mb", type=float, default=ServerConfig.max_body_mb,
+                   help="largest request body; larger ones get 413")
     p.add_argument("--header-timeout", type=float, default=10.0,
                    help="seconds a connection may take to send a request's headers before it is closed")
-    p.add_argument("--body-timeout", type=float, default=30.0,
+    p.add_argument("--body-timeout", type=float, default=ServerConfig.body_timeout_s,
                    help="seconds a request's body may take to arrive whole before the server answers 408 and closes")
     # "always": every request with tools sends the sidecar its job (what a memory or load test needs to measure);
     # "cost": only where the cost model expects it to pay (oospec.drafters.sidecar_schedule), the default.
@@ -72,23 +77,12 @@ def make_server_drafter(args):
     from oospec.pipeline import start_drafter
 
     sidecar = method_sidecar(args)
-    schedule = getattr(args, "sidecar_schedule", "cost")
-    return start_drafter(args.method, sidecar, **({"schedule": schedule} if sidecar is not None else {}))
+    return start_drafter(args.method, sidecar, **({"schedule": args.sidecar_schedule} if sidecar is not None else {}))
 
 
-def build_service(args):
-    from oospec.engine.engine import Engine
-    from oospec.pipeline import target_threads, use_threads
-    from oospec.server.service import ModelService, ServerConfig
-
-    use_threads(target_threads(args.threads, method_sidecar(args)))
-    # The target first: a bad model fails before the sidecar's process is started (it takes seconds to load).
-    engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
-    if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
-        engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
-        engine.grammar_vocabulary()  # what tool_choice's grammars are built on (a second or so, once)
-    drafter, sidecar = make_server_drafter(args)
-    config = ServerConfig(
+def server_config(args) -> ServerConfig:
+    """The ServerConfig the parsed `serve` options ask for."""
+    return ServerConfig(
         model_name=args.served_model_name or args.model,
         method=args.method,
         max_queue=args.max_queue,
@@ -103,7 +97,21 @@ def build_service(args):
         max_body_mb=args.max_body_mb,
         body_timeout_s=args.body_timeout,
     )
-    return ModelService(engine, config, drafter, sidecar)
+
+
+def build_service(args):
+    from oospec.engine.engine import Engine
+    from oospec.pipeline import target_threads, use_threads
+    from oospec.server.service import ModelService
+
+    use_threads(target_threads(args.threads, method_sidecar(args)))
+    # The target first: a bad model fails before the sidecar's process is started (it takes seconds to load).
+    engine = Engine.from_pretrained(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
+    if not args.no_warmup:  # first forwards initialise kernels; keep that out of the first request's latency
+        engine.generate([{"role": "user", "content": "Hi"}], max_new_tokens=2)
+        engine.grammar_vocabulary()  # what tool_choice's grammars are built on (a second or so, once)
+    drafter, sidecar = make_server_drafter(args)
+    return ModelService(engine, server_config(args), drafter, sidecar)
 
 
 def cmd_serve(args) -> None:

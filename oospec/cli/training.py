@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oospec.cli.options import add_command, add_max_new_tokens_option, add_threads_option, positive_int, set_threads
+from oospec.cli.options import (add_command, add_max_new_tokens_option, add_threads_option, default_of, positive_int,
+                                set_threads)
 from oospec.errors import OospecError
 from oospec.models.cpu_features import DRAFTER_DTYPES
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
 from oospec.sidecar.selfdraft import SLOT_ORDERS
+from oospec.training.config import MAX_MISSED_CALLS, TrainConfig  # no torch: cheap at parse time
+from oospec.training.pool import pool_sources, training_pool
+from oospec.training.split import split_traces
 
 
 def cmd_traces(args) -> None:
     from oospec.engine.engine import Engine
-    from oospec.training.pool import pool_sources, training_pool
     from oospec.training.traces import record_traces
 
     set_threads(args.threads)
@@ -36,11 +39,9 @@ def cmd_split(args) -> None:
     from collections import Counter
 
     from oospec.sidecar.process import resolve_adapter
-    from oospec.training.evaluate import source_of
-    from oospec.training.pool import pool_sources
     from oospec.training.content import split_content
-    from oospec.training.split import (PARTS, adapter_trained_tools, benchmark_tools, split_traces,
-                                       write_trace_split)
+    from oospec.training.evaluate import source_of
+    from oospec.training.split import PARTS, adapter_trained_tools, benchmark_tools, write_trace_split
     from oospec.training.traces import read_traces
 
     traces = read_traces(args.traces)
@@ -77,9 +78,17 @@ def cmd_rehash(args) -> None:
           f"{len(content['held_out'])} held-out requests{parent}")
 
 
-def cmd_train(args) -> None:
+def train_config(args) -> TrainConfig:
+    """The TrainConfig the parsed `sidecar train` options ask for."""
     from oospec.sidecar.process import resolve_adapter
-    from oospec.training.lora import TrainConfig, train
+
+    return TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
+                       batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
+                       threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
+
+
+def cmd_train(args) -> None:
+    from oospec.training.lora import train
     from oospec.training.traces import read_traces
 
     traces = read_traces(args.traces)
@@ -90,10 +99,7 @@ def cmd_train(args) -> None:
         traces = [t for t in traces if t.get("dataset") in keep]
         if not traces:
             raise OospecError(f"no traces of datasets {sorted(keep)} in {args.traces}")
-    cfg = TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
-                      batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
-                      threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
-    summary = train(traces, args.out, cfg, max_minutes=args.max_minutes)
+    summary = train(traces, args.out, train_config(args), max_minutes=args.max_minutes)
     # The split's manifest goes with the adapter (and each epoch's checkpoint): which items and tools it used.
     manifest = Path(args.traces).parent / "manifest.json"
     if manifest.is_file():
@@ -168,10 +174,10 @@ def cmd_tune(args) -> None:
                                           if (d / n).is_file()), None)
         checked[folder] = check_validation_traces(manifest, traces)
         print(f"{folder}: validation traces: {checked[folder]}")
-    limit = {} if args.max_missed_calls is None else {"max_missed_calls": args.max_missed_calls}
     chosen = []
     for folder in args.adapter:
-        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder, dtype="float32"), traces, **limit)
+        result = tune(SidecarPredictor.from_pretrained(args.base, adapter=folder, dtype="float32"), traces,
+                      max_missed_calls=args.max_missed_calls)
         print(f"\n{folder}\n\n{format_grid(result)}")
         settings = write_tuning(folder, result, args.traces, checked[folder])
         met = "" if result["constraint_met"] else (
@@ -192,9 +198,10 @@ def add_sidecar_parser(sub) -> None:
                     "oospec sidecar traces --out runs/sidecar-data")
     p.add_argument("--out", default="runs/sidecar-data")
     p.add_argument("--teacher", default=DEFAULT_TARGET)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--scale", type=float, default=1.0, help="times the pool's drawn items per source")
-    p.add_argument("--rounds", type=positive_int, default=2,
+    p.add_argument("--seed", type=int, default=default_of(training_pool, "seed"))
+    p.add_argument("--scale", type=float, default=default_of(pool_sources, "scale"),
+                   help="times the pool's drawn items per source")
+    p.add_argument("--rounds", type=positive_int, default=default_of(training_pool, "rounds"),
                    help="parts traced one after another, each with its share of every source")
     add_max_new_tokens_option(p, help="most tokens of each teacher reply")
     add_threads_option(p)
@@ -203,18 +210,19 @@ def add_sidecar_parser(sub) -> None:
                     "oospec sidecar train --traces runs/sidecar-data/train_traces.jsonl --out runs/sidecar-adapter")
     p.add_argument("--traces", default="runs/sidecar-data/train_traces.jsonl")
     p.add_argument("--out", default="runs/sidecar-adapter")
-    p.add_argument("--base", default=DEFAULT_SIDECAR)
-    p.add_argument("--r", type=int, default=8)
-    p.add_argument("--alpha", type=int, default=16)
-    p.add_argument("--lr", type=float, default=3e-4)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--batch-requests", type=int, default=4)
+    # The defaults are TrainConfig's (train_config reads the options back).
+    p.add_argument("--base", default=TrainConfig.base)
+    p.add_argument("--r", type=int, default=TrainConfig.r, help="LoRA rank")
+    p.add_argument("--alpha", type=int, default=TrainConfig.alpha, help="LoRA alpha")
+    p.add_argument("--lr", type=float, default=TrainConfig.lr)
+    p.add_argument("--epochs", type=int, default=TrainConfig.epochs)
+    p.add_argument("--batch-requests", type=int, default=TrainConfig.batch_requests)
     p.add_argument("--datasets", default=None, metavar="A,B",
                    help="train on the traces of these datasets only (e.g. apibank,toolalpaca: no synthetic requests)")
-    p.add_argument("--rank-weight", type=float, default=1.0,
+    p.add_argument("--rank-weight", type=float, default=TrainConfig.rank_weight,
                    help="weight of the function-ranking loss (teacher's tool above the other offered tools)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--init-adapter", default=None, metavar="DIR",
+    p.add_argument("--seed", type=int, default=TrainConfig.seed)
+    p.add_argument("--init-adapter", default=TrainConfig.init_adapter, metavar="DIR",
                    help="start from this adapter's weights (split with the same --init-adapter)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this long, saving the state: the same command resumes")
@@ -224,8 +232,9 @@ def add_sidecar_parser(sub) -> None:
                     "oospec sidecar split --traces runs/sidecar-data/traces.jsonl --out runs/sidecar-split")
     p.add_argument("--traces", default="runs/sidecar-data/traces.jsonl")
     p.add_argument("--out", default="runs/sidecar-split")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--fractions", default="0.7,0.15,0.15", help="of the called tools: train,validation,test")
+    p.add_argument("--seed", type=int, default=default_of(split_traces, "seed"))
+    p.add_argument("--fractions", default=",".join(map(str, default_of(split_traces, "fractions"))),
+                   help="of the called tools: train,validation,test")
     p.add_argument("--init-adapter", default=None, metavar="DIR",
                    help="an adapter training will start from: its training tools are kept in train")
     p.set_defaults(func=cmd_split)
@@ -267,8 +276,7 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--base", default=DEFAULT_SIDECAR)
     p.add_argument("--manifest", default=None, metavar="JSON",
                    help="the split's manifest, to check the traces are validation items (default: the adapter's)")
-    p.add_argument("--max-missed-calls", type=float, default=None,
-                   help="most of the teacher's calls a chosen setting may answer 'no call', a fraction (default: "
-                        "oospec.training.tune.MAX_MISSED_CALLS, 0.02)")
+    p.add_argument("--max-missed-calls", type=float, default=MAX_MISSED_CALLS,
+                   help="most of the teacher's calls a chosen setting may answer 'no call', a fraction")
     add_threads_option(p)
     p.set_defaults(func=cmd_tune)

@@ -9,7 +9,7 @@ from typing import Any
 
 from oospec.datasets.sample import DatasetError, Sample, Samples, Unreadable, build_samples, data_path, read_records
 from oospec.errors import SchemaError
-from oospec.tools.dialects import ToolCall
+from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall
 from oospec.tools.schema import tools_from_openai
 
 BFCL_SPLITS = ("simple_python", "multiple", "parallel", "parallel_multiple")
@@ -154,7 +154,7 @@ def _answers_by_id(path) -> tuple[dict[str, Any], Samples]:
     return answers, notes
 
 
-def bfcl_file(path: str | Path, *, split: str | None = None, dialect: str = "hermes",
+def bfcl_file(path: str | Path, *, split: str | None = None, dialect: str = DEFAULT_DIALECT,
               answers_path: str | Path | None = None, records: Sequence[Any] | None = None) -> Samples:
     """A BFCL questions file (its ``records`` when already read); answers from ``answers_path``, else from a
     sibling ``possible_answer/`` file of the same name, else inline ``ground_truth``. ``split`` defaults to the
@@ -172,7 +172,7 @@ def bfcl_file(path: str | Path, *, split: str | None = None, dialect: str = "her
     return Samples.concat([notes, samples])
 
 
-def load_bfcl(split: str = "simple_python", dialect: str = "hermes", path: str | Path | None = None,
+def load_bfcl(split: str = "simple_python", dialect: str = DEFAULT_DIALECT, path: str | Path | None = None,
               answers_path: str | Path | None = None) -> Samples:
     """BFCL v4 non-live AST categories: simple_python (400), multiple (200), parallel (200),
     parallel_multiple (200), or "all"; for training also simple_java (100), simple_javascript (50) and

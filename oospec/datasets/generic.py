@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from oospec.datasets.sample import DatasetError, Sample, Samples, build_samples
-from oospec.tools.dialects import ToolCall
+from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall
 from oospec.tools.schema import tools_from_openai
 
 
@@ -29,7 +29,7 @@ def generic_samples(records: Sequence[Any], *, source: str, dialect: str | None)
         return [Sample(id=str(rec.get("id", f"{Path(source).stem}-{i}")),
                        dataset=str(rec.get("dataset", Path(source).stem)),
                        messages=[dict(m) for m in messages], tools=tools, gold=gold,
-                       dialect=str(rec.get("dialect") or dialect or "hermes"), meta=meta)]
+                       dialect=str(rec.get("dialect") or dialect or DEFAULT_DIALECT), meta=meta)]
 
     return build_samples(records, source, make)
 

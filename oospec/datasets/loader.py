@@ -13,6 +13,7 @@ from oospec.datasets.generic import generic_samples
 from oospec.datasets.sample import DatasetError, Samples, read_records
 from oospec.datasets.toolalpaca import load_toolalpaca, toolalpaca_samples
 from oospec.errors import did_you_mean
+from oospec.tools.dialects import DEFAULT_DIALECT
 
 
 def detect_format(records: Sequence[Any]) -> str:
@@ -43,7 +44,7 @@ def load_path(path: str | Path, format: str = "auto", *, dialect: str | None = N
         m = re.search(r"level-(\d)", path.name)
         return apibank_samples(records, level=int(m.group(1)) if m else path.stem, source=str(path))
     if fmt == "bfcl":
-        return bfcl_file(path, dialect=dialect or "hermes", records=records)
+        return bfcl_file(path, dialect=dialect or DEFAULT_DIALECT, records=records)
     if fmt == "toolalpaca":
         return toolalpaca_samples(records, source=str(path))
     if fmt == "generic":

@@ -13,7 +13,7 @@ from typing import Any
 from oospec.datasets.prose import literal_dict
 from oospec.datasets.sample import DatasetError, Sample, Samples, build_samples, data_path, read_records
 from oospec.errors import SchemaError
-from oospec.tools.dialects import ToolCall
+from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall
 from oospec.tools.schema import (
     Param,
     Tool,
@@ -283,7 +283,7 @@ def toolalpaca_samples(apis: Sequence[Any], *, source: str) -> Samples:
                 messages=[{"role": "system", "content": system}, {"role": "user", "content": str(instruction)}],
                 tools=tools,
                 gold=gold,
-                dialect="hermes",
+                dialect=DEFAULT_DIALECT,
                 meta=meta,
             ))
         return made

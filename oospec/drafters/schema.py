@@ -15,7 +15,7 @@ from oospec.drafters.priors import ACCEPTANCE
 from oospec.engine.drafting import Candidate, Drafter, Request
 from oospec.tools.callscan import CallScanner, Habits
 from oospec.tools.continuations import Continuation, structure_continuations
-from oospec.tools.dialects import DIALECTS
+from oospec.tools.dialects import DEFAULT_DIALECT, DIALECTS
 from oospec.tools.pasted import ShownTools
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes
@@ -42,7 +42,7 @@ class SchemaDrafter(Drafter):
     def start(self, request: Request) -> None:
         self.tools = as_tools(request.tools)
         # Only dialects whose calls are JSON objects (they have openers) are followed; None: not a dialect.
-        self.dialect = DIALECTS.get(request.dialect or "hermes")
+        self.dialect = DIALECTS.get(request.dialect or DEFAULT_DIALECT)
         self.eos_ids = request.eos_ids
         tok = request.tokenizer
         self.active = bool(self.tools) and tok is not None and self.dialect is not None and bool(self.dialect.openers)

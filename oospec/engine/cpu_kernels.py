@@ -33,7 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-_SUPPORTED = ("qwen2", "llama")
+from oospec.models.registry import SUPPORTED_ARCHITECTURES as _SUPPORTED
+
 ATTN_NAME = "oospec_cpu_sdpa"
 
 

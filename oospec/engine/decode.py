@@ -19,6 +19,7 @@ from oospec.engine.target import TargetBackend
 from oospec.engine.threads import ThreadShare
 from oospec.engine.tree import TokenTree
 from oospec.errors import ContextLengthError
+from oospec.models.registry import DEFAULT_BUDGET
 
 # Called with the tokens each step produced ((k,) int64, the first call with the prefill's token); returning
 # True ends generation after those tokens (a stop string, a cancelled or timed-out request).
@@ -79,7 +80,7 @@ def generate(
     drafter: Drafter,
     request: Request,
     max_new_tokens: int,
-    budget: int = 16,
+    budget: int = DEFAULT_BUDGET,
     *,
     prefix_cache: PrefixCache | None = None,
     on_tokens: OnTokens | None = None,

@@ -18,7 +18,8 @@ from oospec.engine.target import PREFILL_CHUNK, TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
 from oospec.tools.call_grammar import call_grammar, forced_call_start
 from oospec.tools.chat_text import ClientText
-from oospec.tools.dialects import Dialect, get_dialect
+from oospec.models.registry import DEFAULT_BUDGET
+from oospec.tools.dialects import DEFAULT_DIALECT, Dialect, get_dialect
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 
@@ -68,7 +69,7 @@ class Engine:
     """One target model and its tokenizer; `generate` decodes with any drafter, losslessly: greedy output is
     token-identical to plain greedy, sampled output has plain sampling's distribution."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = 16, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = DEFAULT_BUDGET, prefill_chunk: int = PREFILL_CHUNK):
         self.model = model
         self.tokenizer = tokenizer
         self.target = TargetBackend(model, prefill_chunk)
@@ -113,7 +114,7 @@ class Engine:
         already ends with `forced_text`, which the grammar must accept. GrammarError when it cannot be used."""
         return GrammarConstraint(self.grammar_vocabulary(), grammar, forced_text)
 
-    def call_constraint(self, tools: list[dict], dialect: str | Dialect = "hermes", function: str | None = None,
+    def call_constraint(self, tools: list[dict], dialect: str | Dialect = DEFAULT_DIALECT, function: str | None = None,
                         parallel: bool = True) -> GrammarConstraint:
         """The grammar of a reply that must call `function` (None: any of `tools`, OpenAI tool specs), its forced
         start (`forced_call_start`) already in the prompt: what tool_choice "required" or a named function means,
@@ -124,7 +125,7 @@ class Engine:
                                special_tokens=self.grammar_vocabulary().special_tokens)
         return self.constraint(grammar, forced_call_start(spoken, function))
 
-    def forced_call(self, tools: list[dict], dialect: str | Dialect = "hermes", function: str | None = None,
+    def forced_call(self, tools: list[dict], dialect: str | Dialect = DEFAULT_DIALECT, function: str | None = None,
                     parallel: bool = True) -> tuple[np.ndarray, GrammarConstraint]:
         """(the token ids of the forced start, to append to a prompt; `call_constraint`) of a reply that must call."""
         forced = forced_call_start(get_dialect(dialect), function)

@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from oospec.engine.cpu_kernels import PackedLinear, cpu_sdpa_attention, onednn_available
+from oospec.models.registry import SUPPORTED_ARCHITECTURES as _SUPPORTED
 
 # The most rows a forward may hold and still take the invariant path: the verification budget plus the
 # pending token must stay within it (TargetBackend caps trees at STEP_ROWS - 1 nodes).
 STEP_ROWS = 64
 ATTN_NAME = "oospec_invariant"
-_SUPPORTED = ("qwen2", "llama")
 
 
 # ---------------------------------------------------------------------------------------------------------

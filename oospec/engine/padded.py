@@ -27,10 +27,10 @@ import torch
 from torch import nn
 
 from oospec.engine.invariant import STEP_ROWS  # the same row limit on every device
+from oospec.models.registry import SUPPORTED_ARCHITECTURES as _SUPPORTED
 
 BLOCK = 64  # key positions per attention block
 ATTN_NAME = "oospec_rowwise"
-_SUPPORTED = ("qwen2", "llama")
 
 # Every layer of a forward gets the same mask object: it is compacted once, for the first layer.
 _last: list = [None, None]  # [mask, (tree_slots, lengths)]

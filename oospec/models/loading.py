@@ -11,7 +11,7 @@ from oospec.errors import ModelIntegrityError, ModelNotFoundError, OospecError
 from oospec.models.provision import oospec_home, resolve_model_path
 from oospec.models.registry import KNOWN_MODELS
 
-_DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # what load_model and every --dtype take
 
 
 def _fix_hint(folder: Path) -> str:
@@ -80,8 +80,8 @@ def _torch_dtype(dtype: Any, device: str):
 
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in _DTYPES:
-        raise OospecError(f"Unknown dtype {dtype!r}: use one of {', '.join(_DTYPES)}.")
+    if dtype not in DTYPES:
+        raise OospecError(f"Unknown dtype {dtype!r}: use one of {', '.join(DTYPES)}.")
     if dtype == "auto":
         from oospec.models.cpu_features import auto_dtype
 

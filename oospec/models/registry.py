@@ -104,6 +104,10 @@ DEFAULT_METHOD = "oospec"  # toolspec's drafts plus the sidecar's hints (the shi
 DEFAULT_BUDGET = 16  # most draft tokens verified per target forward
 DEFAULT_PREFIX_CACHE_MB = 512.0  # KV memory kept for prefix reuse across requests (server, session benchmarks)
 DEFAULT_MAX_NEW_TOKENS = 128  # the reply's length limit in every command (a tool call fits)
+DEFAULT_DEVICE = "cpu"  # where the target runs
+DEFAULT_DTYPE = "auto"  # the target's precision, chosen for its device at load (oospec.models.loading)
+# The Hugging Face model_types whose forward oospec's own kernels replace (engine/cpu_kernels, invariant, padded).
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 
 
 def unknown_model_message(name: str, folder_ok: bool = True) -> str:

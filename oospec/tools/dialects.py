@@ -295,6 +295,8 @@ class PythonicDialect(Dialect):
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (HermesDialect(), ApiBankDialect(), Llama3JsonDialect(),
                                                    PythonicDialect())}
+# How a request's calls are written when nothing says otherwise: Qwen2.5's (and Hermes') tags.
+DEFAULT_DIALECT = HermesDialect.name
 # The arguments keys of all dialects, which every reader of a call object accepts.
 ARGS_KEYS = tuple(dict.fromkeys(d.args_key for d in DIALECTS.values()))
 # Lenient extraction also takes what other tools' formats use.
@@ -426,6 +428,7 @@ __all__ = [
     "CALL_TAG",
     "CALL_OPENERS",
     "CLOSERS",
+    "DEFAULT_DIALECT",
     "DIALECTS",
     "ApiBankDialect",
     "Dialect",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,35 +22,9 @@ import torch
 
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.engine.target import cache_arg
-from oospec.models.registry import DEFAULT_SIDECAR
 from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat
+from oospec.training.config import TrainConfig
 from oospec.training.rows import RequestRows, rows_for
-
-LINEAR_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-@dataclass
-class TrainConfig:
-    """Defaults sized for a 2-core CPU and a few hundred requests: see docs in the README's training section."""
-
-    base: str = DEFAULT_SIDECAR
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: list(LINEAR_MODULES))
-    lr: float = 3e-4
-    epochs: int = 2
-    batch_requests: int = 4  # requests per optimizer step (each carries all its rows)
-    warmup_steps: int = 4
-    rank_weight: float = 1.0  # function-ranking loss, per request, beside the per-token cross-entropy
-    max_prompt_tokens: int = 2048
-    seed: int = 0
-    threads: int | None = None
-    checkpoint_every: int = 10  # optimizer steps between saved training states (a stopped run resumes there)
-    # Start from this adapter's weights (its r and alpha) instead of a fresh LoRA: more data on top of a trained
-    # adapter. Its training tools must then count as used (`split_traces(always_train_tools=...)`).
-    init_adapter: str | None = None
-
 
 STATE_FILE = "train_state.pt"
 # Settings that may differ between a run and the run it resumes (they do not change what is trained).

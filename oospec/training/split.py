@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oospec.datasets import Sample
-from oospec.tools.dialects import ToolCall
+from oospec.tools.dialects import DEFAULT_DIALECT, ToolCall
 from oospec.tools.schema import Param, Tool
 
 SYSTEM = "You are a helpful assistant that calls tools when a request needs one."
@@ -84,7 +84,7 @@ def synthetic_requests(tools: Sequence[Tool], per_tool: int = 4, seed: int = 0, 
             rng.shuffle(offered)
             messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": _phrase(tool, args, rng)}]
             out.append(Sample(id=f"synthetic-{tool.name}-{k}", dataset="synthetic", messages=messages, tools=offered,
-                              gold=[ToolCall(tool.name, args)], dialect="hermes", meta={"synthetic": True}))
+                              gold=[ToolCall(tool.name, args)], dialect=DEFAULT_DIALECT, meta={"synthetic": True}))
     return out
 
 

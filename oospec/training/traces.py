@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from oospec.datasets import Sample
+from oospec.models.registry import DEFAULT_MAX_NEW_TOKENS
 from oospec.tools.schema import to_openai
 
 
@@ -84,7 +85,7 @@ def _interleaved(samples: Sequence[Sample]) -> list[Sample]:
 
 
 def record_traces(engine, samples: Sequence[Sample], path: str | Path, *, method: str = "toolspec",
-                  max_new_tokens: int = 128, progress: bool = True, prefix_cache_bytes: int = 2 << 30) -> list[dict]:
+                  max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS, progress: bool = True, prefix_cache_bytes: int = 2 << 30) -> list[dict]:
     """Append a trace per sample not yet in `path` (greedy: any lossless method writes the same text).
 
     Requests are taken in the order of their messages, so the turns of one dialogue (and requests with the

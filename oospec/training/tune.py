@@ -22,13 +22,13 @@ from pathlib import Path
 
 from oospec.sidecar.protocol import Guess, PayloadError, encode_payload, parse_payload
 from oospec.tools.schema import tools_from_openai
+from oospec.training.config import MAX_MISSED_CALLS
 from oospec.training.evaluate import calibration, format_percent, score_answer, summarize
 from oospec.training.rows import job_for
 
 # Highest first: among settings that tie, the higher threshold (more plain answers spared a hint) comes first.
 THRESHOLDS = (0.5, 0.3, 0.2, 0.1, 0.05, 0.0)
 RANKINGS = (("total", 1.0), ("total", 0.5), ("total", 0.0), ("greedy", 0.0))  # (rank_by, prior_weight)
-MAX_MISSED_CALLS = 0.02
 TUNING_FILE = "tuning.json"  # beside sidecar.json: what was tried, on which traces, and why this was chosen
 
 

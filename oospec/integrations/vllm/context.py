@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oospec.datasets.apibank import tools_from_apibank_prompt
-from oospec.tools.dialects import DIALECTS
+from oospec.tools.dialects import DEFAULT_DIALECT, DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 
 EXTRA_ARGS_KEY = "oospec"  # SamplingParams.extra_args[EXTRA_ARGS_KEY]: the request context as sent
@@ -86,7 +86,7 @@ def context_from_prompt(text: str, default_system: str | None = None) -> Request
                 continue
         tools = _openai_tools(specs)
         if tools:
-            return RequestContext(tools=tools, messages=messages, dialect="hermes")
+            return RequestContext(tools=tools, messages=messages, dialect=DEFAULT_DIALECT)
     try:
         tools = tools_from_apibank_prompt(text)
     except Exception:  # the prose list is user text: an unreadable one means no tools, never an error
