@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from oospec.errors import SchemaError
 from oospec.server.errors import APIError, bad_request, clip
-from oospec.tools.dialects import DIALECTS
+from oospec.tools.dialects import DEFAULT_DIALECT, DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 
 MAX_STOP = 4
@@ -129,7 +129,7 @@ class ResponseFormat(Wire):
 class OospecOptions(Wire):
     model_config = ConfigDict(strict=True, extra="forbid")
 
-    dialect: Literal[tuple(DIALECTS)] = "hermes"  # type: ignore[valid-type]
+    dialect: Literal[tuple(DIALECTS)] = DEFAULT_DIALECT  # type: ignore[valid-type]
     tools_in_prompt: bool | None = None
     return_token_ids: bool | None = None
     timeout_s: float | None = Field(None, gt=0, le=1e6, allow_inf_nan=False)
@@ -299,7 +299,7 @@ def validation_error(errors: list[dict]) -> APIError:
 class Options:
     """The `oospec` extension of a request."""
 
-    dialect: str = "hermes"
+    dialect: str = DEFAULT_DIALECT
     tools_in_prompt: bool = False
     return_token_ids: bool = False
     timeout_s: float | None = None
