@@ -35,7 +35,7 @@ from oospec.engine.prefix_cache import common_prefix_length
 from oospec.models.int8 import Int8Linear, quantize_int8
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
-from oospec.sidecar.values import closed_options, parse_value, typed
+from oospec.sidecar.slot_values import closed_options, parse_value, typed
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.jsonscan import value_end
@@ -169,7 +169,7 @@ class SidecarPredictor:
         if int8:  # after the merge: the adapter's factors belong to the weights they are added to
             quantize_int8(model)
         if optimize and str(device).startswith("cpu"):
-            from oospec.engine.cpu_kernels import optimize_for_cpu
+            from oospec.engine.onednn import optimize_for_cpu
 
             optimize_for_cpu(model)
         return cls(model, tokenizer, **kwargs)

@@ -8,7 +8,7 @@ import torch
 from helpers import greedy_reference, tiny_model
 from transformers import DynamicCache
 
-from oospec.engine.cpu_kernels import optimize_for_cpu
+from oospec.engine.onednn import optimize_for_cpu
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import TokenTree
 
