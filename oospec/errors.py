@@ -35,3 +35,17 @@ def did_you_mean(word: str, choices) -> str:
 
     close = difflib.get_close_matches(str(word).strip().lower(), [str(c) for c in choices], n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class MissingExtraError(OospecError):
+    """An optional part of oospec whose packages are not installed."""
+
+
+def optional_import(module: str, extra: str):
+    """`module`, imported; MissingExtraError naming the pip extra that installs it where it is missing."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError:
+        raise MissingExtraError(f"{module} is not installed: pip install 'oospec[{extra}]'") from None

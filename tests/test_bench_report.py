@@ -26,7 +26,7 @@ def _records(n: int, methods=METHODS, dataset="apibank") -> list[dict]:
 
 def _header() -> dict:
     return {"command": "oospec bench run --dataset apibank --limit 2", "target": "smollm2-135m", "dtype": "float32",
-            "device": "cpu", "kernels": "oospec.engine.cpu_kernels", "target_threads": 1, "max_new_tokens": 128,
+            "device": "cpu", "kernels": "oospec.engine.onednn", "target_threads": 1, "max_new_tokens": 128,
             "budget": 16, "started": "2026-12-01T04:00:00", "elapsed_s": 12.0,
             "machine": {"cpu": "AMD EPYC", "cores": 2, "torch_threads": 2, "torch": "2.x", "transformers": "4.x",
                         "python": "3.12"},

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +27,14 @@ from oospec.training.traces import read_traces
 
 DATA = ADAPTERS_DIR.parents[1] / "data"
 SHIPPED = ADAPTERS_DIR / "qwen2.5-coder-0.5b-toolcalls-v3"
+# The teacher's traces the shipped adapter was split from are not installed with the package: they are the first
+# SHIPPED_TRACES lines of the whole pool traced, kept with the repository's results.
+POOL_TRACES = Path(__file__).resolve().parents[1] / "experiments" / "results" / "sidecar-traces-v3" / "traces.jsonl.gz"
+SHIPPED_TRACES = 318
+
+
+def shipped_traces() -> list[dict]:
+    return read_traces(POOL_TRACES)[:SHIPPED_TRACES]
 
 
 def _adapter(folder, used, held_out=(), train_ids=(), train_tools=()):
@@ -114,7 +124,7 @@ def test_an_external_toolalpaca_file_with_colliding_ids_is_not_refused_whole(tmp
 def test_the_shipped_manifest_covers_its_training_items():
     manifest = training_manifest(SHIPPED)
     doc = json.loads((SHIPPED / "data_manifest.json").read_text())
-    traces = {t["id"]: t for t in read_traces(SHIPPED / "traces.jsonl.gz")}
+    traces = {t["id"]: t for t in shipped_traces()}
     used = doc["items"]["train"] + doc["items"]["validation"]
     rng = random.Random(0)
     own = project_items()
@@ -137,8 +147,9 @@ def test_rehash_reproduces_the_shipped_content(tmp_path, monkeypatch):
     the adapter it started from is no longer shipped (the manifest then needs nothing from that adapter's folder)."""
     folder = tmp_path / "adapters" / "v3"
     folder.mkdir(parents=True)
-    for name in ("data_manifest.json", "traces.jsonl.gz"):
-        shutil.copy(SHIPPED / name, folder / name)
+    shutil.copy(SHIPPED / "data_manifest.json", folder / "data_manifest.json")
+    with gzip.open(POOL_TRACES, "rt") as pool, gzip.open(folder / "traces.jsonl.gz", "wt") as out:
+        out.writelines(line for _, line in zip(range(SHIPPED_TRACES), pool))
     shipped = json.loads((SHIPPED / "data_manifest.json").read_text())["content"]
     assert rehash_adapter(folder) == shipped
     assert json.loads((folder / "data_manifest.json").read_text())["content"] == shipped
@@ -153,7 +164,7 @@ def test_rehash_reproduces_the_shipped_content(tmp_path, monkeypatch):
 
 def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
     """`oospec sidecar split` writes `content` into the manifest that `oospec sidecar train` copies to the adapter."""
-    traces = read_traces(SHIPPED / "traces.jsonl.gz")[:60]
+    traces = shipped_traces()[:60]
     split = split_traces(traces, seed=0, fractions=(0.6, 0.2, 0.2))
     assert all(split.traces[p] for p in ("train", "validation", "test"))
     paths = write_trace_split(split, tmp_path / "split", content=split_content(split, None))
@@ -175,7 +186,7 @@ def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
     assert content["inherited"]["adapter"] == SHIPPED.name
     (folder / "data_manifest.json").write_text(json.dumps({**json.loads(paths["manifest"].read_text()),
                                                            "content": content}))
-    by_id = {t["id"]: t for t in read_traces(SHIPPED / "traces.jsonl.gz")}
+    by_id = {t["id"]: t for t in shipped_traces()}
     item = next(i for i in json.loads((SHIPPED / "data_manifest.json").read_text())["items"]["train"]
                 if i not in {t["id"] for t in traces})  # trained on by the shipped adapter only
     renamed = Request("x", by_id[item]["messages"], by_id[item]["tools"], frozenset())

@@ -18,7 +18,6 @@ from oospec.drafters.sidecar import SidecarDrafter, SidecarReport
 from oospec.sidecar.predictor import RowRunner, SidecarPredictor, parse_value
 from oospec.sidecar.protocol import Guess, Job, PayloadError, encode_payload, parse_payload
 from oospec.tools.dialects import CALL_OPENERS
-from oospec.tools.jsonscan import value_end
 from oospec.tools.render import CallRenderer, Style
 from oospec.tools.schema import tools_from_openai
 
@@ -247,83 +246,6 @@ def test_row_runner_first_token_is_the_likeliest_allowed_one():
     ref = model.generate(forced, attention_mask=torch.ones_like(forced), do_sample=False, max_new_tokens=4,
                          pad_token_id=0)[0, forced.shape[1]:].numpy()
     assert np.array_equal(gen[0, 1:], ref)
-
-
-def test_greedy_chain_is_the_rows_greedy_continuation_whatever_the_draft():
-    """Writing a row with drafts checked in the same forward gives the row's own greedy tokens whatever is
-    drafted (right, wrong, random, empty, longer than the row, repeated); a right draft takes one forward, none
-    one forward a token; `stop` ends the row at the token it names."""
-    from helpers import tiny_model
-
-    model = tiny_model("llama", seed=3)
-    prefix, suffix, steps = [5, 17, 42, 99, 7, 12], [8, 9, 10], 12
-    ids = torch.tensor([prefix + suffix])
-    ref = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=steps,
-                         pad_token_id=0)[0, ids.shape[1]:].tolist()
-    rng = np.random.default_rng(0)
-    drafters = {
-        "right": lambda gen: ref[len(gen):],
-        "none": lambda gen: [],
-        "random": lambda gen: rng.integers(0, 128, size=int(rng.integers(0, 9))).tolist(),
-        "huge": lambda gen: ref[len(gen):] + list(range(200)),
-        "right, then wrong": lambda gen: ref[len(gen): len(gen) + 3] + [(ref[min(len(gen) + 3, steps - 1)] + 1) % 128] * 4,
-        "repeated": lambda gen: [gen[-1] if gen else suffix[-1]] * 6,
-    }
-    forwards = {}
-    for name, propose in drafters.items():
-        runner = RowRunner(model)
-        runner.encode_prefix(prefix)
-        gen, forwards[name] = runner.greedy_chain(suffix, steps, propose)
-        assert gen.tolist() == ref, name
-    assert forwards["right"] == 1 and forwards["huge"] == 1 and forwards["none"] == steps
-    assert forwards["right, then wrong"] < steps
-    runner = RowRunner(model)
-    runner.encode_prefix(prefix)
-    gen, _ = runner.greedy_chain(suffix, steps, drafters["right"], stop=lambda g: len(g) == 5)
-    assert gen.tolist() == ref[:5]
-
-
-def test_aligned_draft_follows_the_guess_and_resumes_after_a_departure():
-    from oospec.sidecar.selfdraft import AlignedDraft
-
-    guess = [10, 11, 12, 13, 14, 15, 16, 17]
-    d = AlignedDraft(guess, max_tokens=3)
-    assert d([]) == [10, 11, 12]
-    assert d([10, 11]) == [12, 13, 14]
-    assert d([10, 11, 99]) == [12, 13, 14]  # a token the guess lacks: it goes on from where it stood
-    assert d([10, 11, 99, 13]) == [14, 15, 16]  # 12 replaced by 99: back on the guess after it
-    assert d([10, 11, 99, 13, 16]) == [17]  # a skip ahead: resumes after the first match past where it was
-    d = AlignedDraft(guess)
-    assert d([10, 11, 12, 12, 13]) == [14, 15, 16, 17]  # a token written twice: found again from there
-    d = AlignedDraft([1, 2, 3, 2, 4])
-    assert d([1, 2, 3, 2, 9, 2]) == [4]  # never back: the 2s before where it stood are not matched
-    d = AlignedDraft([1, 2, 3, 2, 4, 5])
-    assert d([1, 9, 3, 2]) == [4, 5]  # the longest tail written (3, 2) finds its place
-
-
-def test_slot_order_in_order_writes_the_call_as_the_model_would(smol_predictor):
-    """In order, the best guess's arguments are the row's own greedy object, whatever the parallel rows said;
-    a key the schema does not declare is left out; an unknown order is refused."""
-    p = SidecarPredictor(smol_predictor.model, smol_predictor.tokenizer, slot_order="in-order")
-    job = Job("r", [{"role": "user", "content": "What's the weather in Paris for the next 3 days?"}], WEATHER,
-              chat_tools=WEATHER, opener="<tool_call>\n", function="get_weather")
-    payload = parse_payload(p.predict(job), "r", TOOLS)
-    prompt = p.format.prompt(job)
-    row = p.format.encode(prompt + p.format.function_row(job, "get_weather"))
-    p.runner.encode_prefix(row[:-1])
-    _, free = p.runner.run([row[-1:]], steps=p.max_call_tokens)
-    text = p.token_bytes.join(free[0]).decode("utf-8", errors="ignore")
-    end = value_end(text)
-    written = parse_value(text[:end]) if end is not None else None
-    want = {k: v for k, v in written.items() if k in {q.name for q in TOOLS[0].parameters}} if isinstance(written, dict) else None
-    if want is None:  # no object within the limit: the parallel guess stays
-        parallel = SidecarPredictor(smol_predictor.model, smol_predictor.tokenizer)
-        assert payload.best.arguments == parse_payload(parallel.predict(job), "r", TOOLS).best.arguments
-    else:
-        assert payload.best.arguments == want
-    assert 1 <= p.in_order_forwards <= p.max_call_tokens
-    with pytest.raises(ValueError, match="slot_order"):
-        SidecarPredictor(None, None, slot_order="sideways")
 
 
 def test_slot_values_are_decoded_with_token_healing(smol_predictor):

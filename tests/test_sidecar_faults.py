@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from sidecar_fakes import InstantSidecar
 
+from oospec.bench.methods import WaitingSidecar
 from oospec.drafters import make_drafter
 from oospec.engine.budget import CPU_CURVES, CostModel
 from oospec.engine.drafting import Request
@@ -220,16 +221,18 @@ def test_a_job_over_the_memory_budget_is_drafted_without_hints(smol_engine, apib
     the worker, not at fault, goes on unrestarted."""
     sample, prompt, ref, _ = apibank_case
     with fake_client(mode="too-large") as client:
-        drafter = make_drafter("oospec", sidecar=client, wait_s=30)
+        waiting = WaitingSidecar(client, wait_s=30)
+        drafter = make_drafter("oospec", sidecar=waiting)
         out = generate(smol_engine, sample, prompt, drafter)
         assert np.array_equal(out.tokens, ref)
-        assert drafter.report.fault == "too-large" and drafter.report.waited_s < 20
+        assert drafter.report.fault == "too-large" and waiting.waited_s < 20
         assert client.stats.faults == {"too-large": 1} and client.stats.restarts == 0 and client.state == "alive"
         assert client.health()["faults"] == {"too-large": 1}
 
 
 def test_waiting_for_a_slow_sidecar(smol_engine, apibank_case):
-    """wait_s (benchmarks only): the first draft waits for the payload, so the hint is used from the start."""
+    """WaitingSidecar (the oospec-wait benchmark method's): the first draft waits for the payload, so the hint is
+    used from the start."""
     sample, prompt, ref, guess = apibank_case
 
     class SlowSidecar(InstantSidecar):
@@ -237,16 +240,18 @@ def test_waiting_for_a_slow_sidecar(smol_engine, apibank_case):
             self.polls = getattr(self, "polls", 0) + 1
             return super().poll(ticket) if self.polls > 50 else None
 
-    drafter = make_drafter("oospec", sidecar=SlowSidecar([guess]), wait_s=30)
+    waiting = WaitingSidecar(SlowSidecar([guess]), wait_s=30)
+    drafter = make_drafter("oospec", sidecar=waiting)
     out = generate(smol_engine, sample, prompt, drafter)
     assert np.array_equal(out.tokens, ref)
     report = drafter.report
-    assert report.arrived and report.tokens_written_at_arrival == 1 and 0 < report.waited_s < 30
+    assert report.arrived and report.tokens_written_at_arrival == 1 and 0 < waiting.waited_s < 30
     # A sidecar that fails is not waited for past its fault.
     with fake_client(mode="raise") as client:
-        drafter = make_drafter("oospec", sidecar=client, wait_s=30)
+        waiting = WaitingSidecar(client, wait_s=30)
+        drafter = make_drafter("oospec", sidecar=waiting)
         out = generate(smol_engine, sample, prompt, drafter)
-        assert np.array_equal(out.tokens, ref) and drafter.report.waited_s < 20
+        assert np.array_equal(out.tokens, ref) and waiting.waited_s < 20
 
 
 def test_sidecar_that_cannot_load(smol_engine, apibank_case, caplog):

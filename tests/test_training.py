@@ -10,8 +10,8 @@ from oospec.datasets import load_dataset
 from oospec.sidecar.predictor import TaskFormat
 from oospec.tools.dialects import validate
 from oospec.training.rows import job_for, rows_for, value_completion
-from oospec.training.split import synthetic_requests
 from oospec.training.traces import trace_record
+from synthetic import synthetic_requests
 
 
 def test_synthetic_requests_are_valid_calls_of_training_tools():

@@ -192,7 +192,6 @@ class SidecarMethod(EngineMethod):
 
     uses_sidecar = True
     drafter_name = "sidecar"
-    wait_s = 0.0
     schedule = "cost"  # whether each request's job runs: the cost model's call (oospec.drafters.sidecar_schedule)
 
     def __init__(self, name: str, shared: Shared):
@@ -223,9 +222,7 @@ class SidecarMethod(EngineMethod):
     def make_drafter(self):
         from oospec.drafters import make_drafter
 
-        options = {"wait_s": self.wait_s} if self.wait_s else {}
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, plan=self.plan,
-                            **options)
+        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, plan=self.plan)
 
     def settle(self) -> None:
         # The warm-up's job is this schedule's first (exploring) one: timed here, it is not explored again.
@@ -269,10 +266,47 @@ class OoOSpecOwnCoresMethod(SidecarMethod):
     schedule = "always"
 
     def make_drafter(self):
-        from oospec.drafters import make_drafter
+        from oospec.drafters.sidecar import OoOSpecDrafter
 
-        return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, lend_threads=False,
-                            schedule=self.schedule, plan=self.plan)
+        class OwnCoresDrafter(OoOSpecDrafter):
+            def idle_threads(self) -> int:
+                return 0  # the target keeps its own share of the cores even while the sidecar is idle
+
+        return OwnCoresDrafter(sidecar=self.shared.sidecar, schedule=self.schedule, plan=self.plan)
+
+
+class WaitingSidecar:
+    """A sidecar client whose first poll of a request's job waits (up to `wait_s`, or until the job faults) for
+    its payload: the drafter then has the hints from its first draft on, as a sidecar on its own accelerator would
+    give them. A follow-up job (one function's slots) is polled as it is. `waited_s`: how long the last request's
+    first poll waited (None: no job polled yet)."""
+
+    def __init__(self, client, wait_s: float):
+        self.client, self.wait_s = client, wait_s
+        self.waited_s: float | None = None
+        self._first_poll = None  # the request job's ticket, until it is polled
+
+    def __getattr__(self, name):
+        return getattr(self.client, name)
+
+    def submit(self, job, tools):
+        ticket = self.client.submit(job, tools)
+        function = job.get("function") if isinstance(job, dict) else job.function
+        if function is None:  # the request's job, not a follow-up
+            self._first_poll, self.waited_s = ticket, None
+        return ticket
+
+    def poll(self, ticket):
+        payload = self.client.poll(ticket)
+        if ticket is None or ticket is not self._first_poll:
+            return payload
+        self._first_poll = None
+        t0 = time.perf_counter()
+        while payload is None and getattr(ticket, "fault", None) is None and time.perf_counter() - t0 < self.wait_s:
+            time.sleep(0.005)
+            payload = self.client.poll(ticket)
+        self.waited_s = round(time.perf_counter() - t0, 4)
+        return payload
 
 
 class OoOSpecWaitMethod(SidecarMethod):
@@ -282,6 +316,19 @@ class OoOSpecWaitMethod(SidecarMethod):
     drafter_name = "oospec"
     wait_s = 120.0
     schedule = "always"
+
+    def make_drafter(self):
+        from oospec.drafters import make_drafter
+
+        self.waiting = WaitingSidecar(self.shared.sidecar, self.wait_s)
+        return make_drafter(self.drafter_name, sidecar=self.waiting, schedule=self.schedule, plan=self.plan)
+
+    def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
+        self.waiting.waited_s = None
+        run = super().run(sample, prompt_ids, reference, max_new_tokens)
+        if self.waiting.waited_s is not None:
+            run.extra["sidecar"]["waited_s"] = self.waiting.waited_s
+        return run
 
 
 class HFMethod(BenchMethod):

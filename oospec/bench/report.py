@@ -9,6 +9,7 @@ import numpy as np
 
 from oospec.bench.hf_peers import PROMPT_LOOKUP_NUM_TOKENS
 from oospec.bench.methods import ALL_CORES, AR_BASELINES, ORACLE, REFERENCE, TARGET_THREADS, uses_sidecar
+from oospec.errors import optional_import
 
 # The fields of summary.json, per dataset and method (the rest of a summary row is for the report only).
 PUBLIC_FIELDS = ("n", "cores", "cpu_threads", "baseline", "tau", "decode_speedup", "e2e_speedup", "e2e_ratio_mean",
@@ -253,7 +254,7 @@ NOTES: tuple[tuple[frozenset[str] | None, str], ...] = (
   target that outpaces the CPU sidecar here."""),
     (frozenset({"oospec-own-cores"}), """\
   oospec-own-cores: oospec whose target keeps its own share of the cores even once the sidecar is idle
-  (oospec borrows the idle sidecar's threads: samples.jsonl threads_borrowed); the method before issue 17."""),
+  (oospec borrows the idle sidecar's threads: samples.jsonl threads_borrowed)."""),
     (frozenset({ALL_CORES}), """\
   ar-all-cores: ar with every core, for reference."""),
     (frozenset({ANY_SIDECAR}), """\
@@ -385,9 +386,8 @@ def _cores_label(cores: str | None) -> str:
 
 def plot_speedup(summary: dict, methods: Sequence[str], path: Path, title: str | None = None) -> None:
     """Two panels, decode and end-to-end speed-up against ar on equal cores, one bar group per dataset
-    (its item count under its name), one bar per method (its cores in the legend)."""
-    import matplotlib
-
+    (its item count under its name), one bar per method (its cores in the legend). Needs the `plot` extra."""
+    matplotlib = optional_import("matplotlib", "plot")
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 

@@ -30,6 +30,7 @@ from oospec.bench.records import RecordLog, compared, output_folder, write_json
 from oospec.bench.report import (format_report, format_stdout, plot_speedup, plural, public_summary, summarize,
                                  summarize_sidecar, summarize_turns)
 from oospec.engine.threads import torch_threads
+from oospec.errors import MissingExtraError
 from oospec.models.cpu_features import cpu_model
 
 log = logging.getLogger("oospec.bench")
@@ -252,8 +253,11 @@ def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: di
     public = public_summary(summary, sidecar_summary)
     write_json(out / "summary.json", public)
     write_json(out / "run.json", {**header, "divergences": divergences})
-    plot_speedup(summary, names, out / "speedup.png",
-                 title=f"{cfg.target}, {header['machine']['cpu']}, {plural(cores.total, 'core')} per method")
+    try:
+        plot_speedup(summary, names, out / "speedup.png",
+                     title=f"{cfg.target}, {header['machine']['cpu']}, {plural(cores.total, 'core')} per method")
+    except MissingExtraError as e:
+        print(f"speedup.png not written: {e}", file=sys.stderr)
     if cfg.echo:
         print(format_stdout(summary, out))
     return {"summary": public, "out": out, "report": report, "divergences": divergences}

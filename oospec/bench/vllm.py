@@ -25,6 +25,7 @@ from types import SimpleNamespace
 from oospec.bench.items import BenchError, select
 from oospec.bench.records import RecordLog, compared, first_difference, output_folder, write_json
 from oospec.bench.vllm_run import SETTINGS, SIDECAR_SETTING, run_identity, sidecar_adapter
+from oospec.errors import MissingExtraError, optional_import
 
 # The options a setting's process is given as they were given here (one parser, oospec.cli.bench): the item
 # selection and how vLLM runs. (attribute, flag); lists repeat the flag, booleans are flags.
@@ -104,8 +105,8 @@ def summarize(runs: dict[tuple[str, int], dict]) -> dict:
 
 
 def plot(summary: dict, path: Path) -> None:
-    import matplotlib
-
+    """Needs the `plot` extra."""
+    matplotlib = optional_import("matplotlib", "plot")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -169,7 +170,10 @@ def run(args, selection) -> Path:
     if trained:
         write_json(out / "trained_items.json", trained)
     write_json(out / "summary.json", summary)
-    plot(summary, out / "summary.png")
+    try:
+        plot(summary, out / "summary.png")
+    except MissingExtraError as e:
+        print(f"summary.png not written: {e}", file=sys.stderr)
     print(json.dumps(summary, indent=1))
     print(f"written to {out}/summary.json, summary.png and samples.jsonl", file=sys.stderr)
     return out

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from oospec.bench.config import BenchConfig
-from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # no torch, no vLLM: cheap at parse time
+from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # imports no vLLM (torch, through the datasets)
 from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
                                 add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
                                 positive_int, set_threads, sidecar_settings)

@@ -103,7 +103,7 @@ def one_of(names: Iterable[str], what: str) -> Callable[[str], str]:
 
 
 def method_names() -> list[str]:
-    from oospec.drafters import DRAFTERS  # no torch import: cheap at parse time
+    from oospec.drafters import DRAFTERS  # imports torch (through the engine): here, not when the module loads
 
     return list(DRAFTERS)
 

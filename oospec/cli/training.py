@@ -10,7 +10,6 @@ from oospec.cli.options import (add_command, add_max_new_tokens_option, add_thre
 from oospec.errors import OospecError
 from oospec.models.cpu_features import DRAFTER_DTYPES
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
-from oospec.sidecar.selfdraft import SLOT_ORDERS
 from oospec.training.config import MAX_MISSED_CALLS, TrainConfig  # no torch: cheap at parse time
 from oospec.training.pool import pool_sources, training_pool
 from oospec.training.split import split_traces
@@ -125,8 +124,7 @@ def cmd_eval(args) -> None:
     if not traces:
         raise OospecError(f"no traces in {args.from_bench or args.traces}")
     # Overrides of how the trained adapters are queried (their sidecar.json otherwise), to compare choices.
-    overrides = {k: v for k, v in (("rank_by", args.rank_by), ("prior_weight", args.prior_weight),
-                                   ("slot_order", args.slot_order)) if v is not None}
+    overrides = {k: v for k, v in (("rank_by", args.rank_by), ("prior_weight", args.prior_weight)) if v is not None}
     runs = [] if args.skip_base else [("base " + args.base, None)]
     for given in args.adapter or []:
         folder = resolve_adapter(args.base, given)
@@ -262,9 +260,6 @@ def add_sidecar_parser(sub) -> None:
                    help="how the adapters' function is chosen (default: each one's sidecar.json)")
     p.add_argument("--prior-weight", type=float, default=None,
                    help="weight of the names' prior taken out of their scores (default: each one's sidecar.json)")
-    p.add_argument("--slot-order", choices=SLOT_ORDERS, default=None,
-                   help="parallel: one row per slot; in-order: then the best call written in one row, the parallel "
-                        "values as its draft (default: each one's sidecar.json)")
     p.add_argument("--dtype", choices=DRAFTER_DTYPES, default="float32",
                    help="the sidecar's precision (auto: what a running sidecar takes on this machine)")
     p.set_defaults(func=cmd_eval)

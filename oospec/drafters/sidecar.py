@@ -64,7 +64,6 @@ class SidecarReport:
     when no payload came back at all, False when it came only after the target had finished)."""
 
     submitted: bool = False
-    waited_s: float | None = None  # wait_s > 0: how long the target waited for the payload at its first draft
     fault: str | None = None  # why no payload came (a SidecarClient fault kind)
     arrived: bool | None = None
     tokens_written_at_arrival: int | None = None
@@ -105,7 +104,7 @@ class SidecarDrafter(Drafter):
 
     def __init__(self, sidecar=None, schema: SchemaDrafter | None = None, max_tokens: int = 96,
                  confidence: float = ACCEPTANCE.hint_confidence,
-                 alternative_confidence: float = ACCEPTANCE.alternative_hint_confidence, wait_s: float = 0.0,
+                 alternative_confidence: float = ACCEPTANCE.alternative_hint_confidence,
                  schedule: str = "cost", plan: SidecarSchedule | None = None):
         if schedule not in self.SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(self.SCHEDULES)}, got {schedule!r}")
@@ -115,9 +114,6 @@ class SidecarDrafter(Drafter):
         self.schedule = schedule
         # What this machine measured, kept across requests (and the sidecar's speed across processes).
         self.plan = plan if plan is not None else SidecarSchedule(speed_key=speed_key(sidecar))
-        # > 0: at its first draft the target waits up to this long for the payload. Benchmarks use it to
-        # measure what hints that are always in time give (a sidecar on its own accelerator); serving never should.
-        self.wait_s = wait_s
         self.schema = schema
         self._owns_schema = schema is None
         if schema is None:
@@ -252,13 +248,6 @@ class SidecarDrafter(Drafter):
     def _poll(self, context: np.ndarray) -> Payload | None:
         if self.payload is None and self.ticket is not None:
             payload = self.sidecar.poll(self.ticket)
-            if self.wait_s > 0 and self.report.waited_s is None:
-                t0 = time.perf_counter()
-                while payload is None and getattr(self.ticket, "fault", None) is None \
-                        and time.perf_counter() - t0 < self.wait_s:
-                    time.sleep(0.005)
-                    payload = self.sidecar.poll(self.ticket)
-                self.report.waited_s = round(time.perf_counter() - t0, 4)
             if payload is not None:
                 self.payload = payload
                 self._record_arrival(payload, int(context.size) - self.prompt_len)
@@ -457,13 +446,9 @@ class OoOSpecDrafter(MergedDrafter):
     uses_sidecar = True  # without one it drafts as toolspec
 
     def __init__(self, sidecar=None, memory: CallMemory | None = None, cost: CostModel | None = None,
-                 wait_s: float = 0.0, lend_threads: bool = True, schedule: str = "cost",
-                 plan: SidecarSchedule | None = None):
-        # lend_threads False: the target keeps its own share of the cores even while the sidecar is idle (as
-        # before the give-back; benchmarks compare the two in one run).
-        self.lend_threads = lend_threads
+                 schedule: str = "cost", plan: SidecarSchedule | None = None):
         schema = SchemaDrafter()
-        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, wait_s=wait_s, schedule=schedule, plan=plan)
+        self.sidecar_drafter = SidecarDrafter(sidecar, schema=schema, schedule=schedule, plan=plan)
         super().__init__([schema, self.sidecar_drafter, RetrievalDrafter(memory), PromptLookupDrafter()], cost)
 
     @property
@@ -471,4 +456,4 @@ class OoOSpecDrafter(MergedDrafter):
         return self.sidecar_drafter.report
 
     def idle_threads(self) -> int:
-        return self.sidecar_drafter.idle_threads() if self.lend_threads else 0
+        return self.sidecar_drafter.idle_threads()

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from oospec.engine.cpu_kernels import PackedLinear, cpu_sdpa_attention, onednn_available
+from oospec.engine.onednn import PackedLinear, cpu_sdpa_attention, onednn_available
 from oospec.models.registry import SUPPORTED_ARCHITECTURES as _SUPPORTED
 
 # The most rows a forward may hold and still take the invariant path: the verification budget plus the
@@ -126,7 +126,7 @@ class InvariantLinear(nn.Module):
     head stays tied: no copy).
 
     prefill_packed: for float32, also keep a oneDNN pre-packed copy for the prefill's GEMMs
-    (cpu_kernels.PackedLinear): there the invariant kernel is compute-bound at one FMA per weight and row, and
+    (onednn.PackedLinear): there the invariant kernel is compute-bound at one FMA per weight and row, and
     oneDNN's blocked GEMM is faster (twice the weights' memory, float32 only).
     packed: panels already made by `ops.pack_linear` for this weight (a tied output head's, shared with
     `PackedEmbedding`)."""
@@ -260,7 +260,7 @@ def _valid_keys(mask: torch.Tensor | None, rows: int, keys: int) -> list[torch.T
 def invariant_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None,
                         **kwargs):
     """transformers' attention interface: at most STEP_ROWS query rows through the invariant kernel, longer
-    ones (prefill) through SDPA without copies of grouped kv heads (cpu_kernels.cpu_sdpa_attention)."""
+    ones (prefill) through SDPA without copies of grouped kv heads (onednn.cpu_sdpa_attention)."""
     b, heads, rows, dim = query.shape
     special = kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None or \
         kwargs.get("sliding_window") is not None

@@ -106,7 +106,7 @@ DEFAULT_PREFIX_CACHE_MB = 512.0  # KV memory kept for prefix reuse across reques
 DEFAULT_MAX_NEW_TOKENS = 128  # the reply's length limit in every command (a tool call fits)
 DEFAULT_DEVICE = "cpu"  # where the target runs
 DEFAULT_DTYPE = "auto"  # the target's precision, chosen for its device at load (oospec.models.loading)
-# The Hugging Face model_types whose forward oospec's own kernels replace (engine/cpu_kernels, invariant, padded).
+# The Hugging Face model_types whose forward oospec's own kernels replace (engine/onednn, invariant, padded).
 SUPPORTED_ARCHITECTURES = ("qwen2", "llama")
 
 

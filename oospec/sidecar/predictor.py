@@ -8,9 +8,6 @@ Not a free-running generation of the call. The prompt is encoded once; then
    (`{"name": "F", "arguments": {"key": `) and the value's opening by type, all decoded greedily as one
    batch, each row stopping when its JSON value is complete. Latency grows with the longest slot, not
    with the number of slots;
-   With `slot_order="in-order"` the best guess is then written once more as the model writes a call, in one
-   row, its keys in the model's order and each value behind the ones before it, with the parallel values as
-   the draft (`selfdraft.AlignedDraft`): a forward per place where the two differ, not per token;
 3. the calls after it (a turn of several calls): the call just guessed is written after the prompt as the
    task format writes calls, and the sidecar decodes what follows, greedily: its end of turn ends the list,
    the opening of another call (`NEXT_CALL`) asks 1 and 2 again for that call, primed with every call before
@@ -38,8 +35,7 @@ from oospec.engine.prefix_cache import common_prefix_length
 from oospec.models.int8 import Int8Linear, quantize_int8
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
-from oospec.sidecar.selfdraft import SLOT_ORDERS, AlignedDraft
-from oospec.sidecar.values import closed_options, parse_value, typed
+from oospec.sidecar.slot_values import closed_options, parse_value, typed
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.jsonscan import value_end
@@ -115,12 +111,9 @@ class SidecarPredictor:
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 64,
                  alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
                  min_call_probability: float = 0.0, rank_by: str = "greedy", prior_weight: float = 0.0,
-                 max_calls: int = 4, max_joint_tokens: int = 24, slot_order: str = "parallel",
-                 max_call_tokens: int = 192, memory_budget: int | None = None):
+                 max_calls: int = 4, max_joint_tokens: int = 24, memory_budget: int | None = None):
         if rank_by not in ("greedy", "total"):
             raise ValueError(f"rank_by must be 'greedy' or 'total', got {rank_by!r}")
-        if slot_order not in SLOT_ORDERS:
-            raise ValueError(f"slot_order must be one of {', '.join(SLOT_ORDERS)}, got {slot_order!r}")
         self.model = model.eval()
         # What it computes in: "int8" where its linear layers are quantized (from_pretrained), else its dtype.
         self.precision = "int8" if any(isinstance(m, Int8Linear) for m in model.modules()) \
@@ -136,9 +129,6 @@ class SidecarPredictor:
         self.max_alternatives = max_alternatives
         self.max_calls = min(max_calls, MAX_CALLS)  # calls of one turn predicted (1: the first only)
         self.max_joint_tokens = max_joint_tokens  # decoded after a call before "another call" or "turn ends"
-        self.slot_order = slot_order
-        self.max_call_tokens = max_call_tokens  # an in-order arguments object longer than this keeps the parallel one
-        self.in_order_forwards = 0  # forwards of the last job's in-order passes (0: none ran)
         # Below this belief that the target writes a call at all, the payload says "no call" and no slot is
         # decoded. 0 for a base model, whose belief in one exact opener is not calibrated; trained adapters
         # carry their own (SIDECAR_SETTINGS).
@@ -179,7 +169,7 @@ class SidecarPredictor:
         if int8:  # after the merge: the adapter's factors belong to the weights they are added to
             quantize_int8(model)
         if optimize and str(device).startswith("cpu"):
-            from oospec.engine.cpu_kernels import optimize_for_cpu
+            from oospec.engine.onednn import optimize_for_cpu
 
             optimize_for_cpu(model)
         return cls(model, tokenizer, **kwargs)
@@ -194,7 +184,6 @@ class SidecarPredictor:
         """The compact JSON payload for `job`. Raises WorkingSetTooLarge (oospec.sidecar.memory) for a job over
         the memory budget, before its prompt is encoded."""
         t0 = time.perf_counter()
-        self.in_order_forwards = 0
         tools = tools_from_openai(job.tools) if job.tools else []
         if not tools:
             raise ValueError("the request offers no tools to predict")
@@ -348,50 +337,9 @@ class SidecarPredictor:
         closed = [(t, p) for t, p in slots if closed_options(p)]
         free = [(t, p) for t, p in slots if not closed_options(p)]
         values = {**self.decode_free(job, prompt, free), **self.choose_closed(job, prompt, closed)}
-        guesses = [Guess(tool.name, {p.name: values[(tool.name, p.name)] for p in tool.parameters
-                                     if (tool.name, p.name) in values}, score if math.isfinite(score) else 0.0)
-                   for tool, score in chosen]
-        if self.slot_order == "in-order" and guesses:
-            written = self.write_in_order(job, prompt, chosen[0][0], guesses[0].arguments)
-            if written is not None:
-                guesses[0] = replace(guesses[0], arguments=written)
-        return guesses
-
-    def write_in_order(self, job: Job, prompt: str, tool: Tool, guessed: dict) -> dict | None:
-        """The arguments the sidecar writes for `tool` in one row, greedily, with the parallel `guessed` values
-        as the draft; None where it writes no JSON object within `max_call_tokens`. Keys the schema does not
-        declare, and values not of their declared type, are left out (the payload would refuse them)."""
-        row = self.format.encode(prompt + self.format.function_row(job, tool.name))
-        drafted = self.format.encode(prompt + self.format.call_text(job, tool.name, guessed))
-        (suffix,) = self._rows_after_prefix([row])
-        start = common_prefix_length([row, drafted])  # the draft: what the guess writes after the row
-        text: list[str | None] = [None]
-
-        def stop(ids: list[int]) -> bool:
-            if ids[-1] in self.stop_ids:
-                return True
-            written = self.token_bytes.join(ids).decode("utf-8", errors="ignore")
-            end = value_end(written)
-            if end is not None:
-                text[0] = written[:end]
-            return end is not None
-
-        _, forwards = self.runner.greedy_chain(suffix, self.max_call_tokens, AlignedDraft(drafted[start:]), stop)
-        self.in_order_forwards += forwards
-        try:
-            value = parse_value(text[0]) if text[0] is not None else None
-        except ValueError:
-            value = None
-        if not isinstance(value, dict):
-            return None
-        params = {p.name: p for p in tool.parameters}
-        arguments = {}
-        for key, v in value.items():
-            try:
-                arguments[key] = typed(v, params[key])
-            except (KeyError, ValueError):
-                continue
-        return arguments
+        return [Guess(tool.name, {p.name: values[(tool.name, p.name)] for p in tool.parameters
+                                  if (tool.name, p.name) in values}, score if math.isfinite(score) else 0.0)
+                for tool, score in chosen]
 
     def _rows_after_prefix(self, rows: list[list[int]]) -> list[list[int]]:
         prefix = self.runner.prefix_ids

@@ -10,7 +10,7 @@ Faults are contained here: a worker that dies is reaped at once (a thread waits 
 a zombie), noticed at the next request's start (`check`) or poll and restarted then; one that hangs past
 `hang_timeout_s` is killed and restarted. More than `max_restarts` failures within `restart_window_s` and the
 client rests: decoding goes on without hints until `quiet_period_s` have passed, then the worker is started
-again (a few crashes no longer cost the sidecar for the life of the server). A worker that cannot
+again (a few crashes do not cost the sidecar for the life of the server). A worker that cannot
 load its model is not retried. A job whose working set would exceed the worker's memory budget
 (oospec.sidecar.memory) is refused, fault "too-large": that request drafts without hints. Answers are checked
 by `parse_payload` before anything is built from them. Each kind of fault is logged once per client; `state`
@@ -359,8 +359,8 @@ class SidecarClient:
             if self._closed:  # a worker that could not load exits after saying so: not a crash, not restarted
                 return
             # One fault per death, and the next worker started now (`_restart` closes this pipe): a closed pipe
-            # left in place reads as closed again at every poll, and each counted as another crash (286 in
-            # one fuzz run) while the worker stayed dead.
+            # left in place reads as closed again at every poll, so each poll would count another crash while
+            # the worker stayed dead.
             self._fault("crashed", "the sidecar process died mid-request")
             self._restart("crashed")
 

@@ -1,6 +1,6 @@
 """Argument values are often copied from the request: the spans and numbers of what the user said that a value
 being written may be completing (the schema drafter's value guesses, oospec.tools.continuations), and the dates
-and times it names written as APIs take them ("April 15th at 2 PM" as 2023-04-15 14:00:00).
+and times it names written as APIs take them ("April 15th at 2 PM" as `2023-04-15 14:00:00`).
 """
 
 from __future__ import annotations
@@ -79,8 +79,8 @@ class ValueSource:
         return [e for _, e in found[: self.max_spans]]
 
     def date_endings(self, prefix: str) -> list[str]:
-        """Rests of the request's dates and times written as ISO values (2023-04-15, 2023-04-15 14:00:00,
-        14:00:00, 14:00) that begin with `prefix`; a date's year is the one `prefix` starts with, else one the
+        """Rests of the request's dates and times written as ISO values (`2023-04-15`, `2023-04-15 14:00:00`,
+        `14:00:00`, `14:00`) that begin with `prefix`; a date's year is the one `prefix` starts with, else one the
         request names (none: nothing until the target has written its year). With no `prefix` (the value not
         begun), the dates whose year is known and the ISO dates the request writes itself."""
         if not prefix:
@@ -206,7 +206,7 @@ class ValueSource:
         """The request's numbers, in its order, after the last of them that `written` (a call's text so far) uses,
         less those it uses (at most `limit`): an API's numeric arguments mostly come in the order the request gives
         them (the first of these is the value in 57% of the numeric arguments of the API-Bank and BFCL items the
-        sidecar trained on, the second in 21%; docs/results-history.md, 2026-12-06)."""
+        sidecar trained on, the second in 21%; docs/results-history.md, "Values guessed before they begin")."""
         used = set(self._NUMBER.findall(written))
         first = self._first_positions
         last = max((first[n] for n in used if n in first), default=-1)

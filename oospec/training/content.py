@@ -68,7 +68,7 @@ def split_content(split: TraceSplit, init_adapter: str | Path | None) -> dict:
 
 def rehash_adapter(adapter: str | Path, traces: str | Path | None = None) -> dict:
     """Rewrite the `content` of an adapter's data manifest (version 2) from the traces it was split from (default:
-    its shipped `traces.jsonl.gz`): the parts are the manifest's own item lists. Returns the new section."""
+    the `traces.jsonl.gz` in its folder): the parts are the manifest's own item lists. Returns the new section."""
     folder = Path(adapter)
     path = folder / "data_manifest.json"
     if not path.is_file():

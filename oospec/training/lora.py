@@ -22,6 +22,7 @@ import torch
 
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.engine.target import cache_arg
+from oospec.errors import MissingExtraError, optional_import
 from oospec.sidecar.predictor import SIDECAR_SETTINGS, TaskFormat
 from oospec.training.config import TrainConfig
 from oospec.training.rows import RequestRows, rows_for
@@ -272,13 +273,16 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
     _save_adapter(model, out, cfg)
     (out / "train_config.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / "loss.json").write_text(json.dumps(log) + "\n")
-    plot_loss(log, out / "loss.png", title=f"LoRA r={cfg.r} on {cfg.base}: {len(encoded)} requests")
+    try:
+        plot_loss(log, out / "loss.png", title=f"LoRA r={cfg.r} on {cfg.base}: {len(encoded)} requests")
+    except MissingExtraError as e:
+        print(f"loss.png not written: {e}")
     return summary
 
 
 def plot_loss(log: list[dict], path: Path, title: str = "") -> None:
-    import matplotlib
-
+    """Needs the `plot` extra."""
+    matplotlib = optional_import("matplotlib", "plot")
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
