@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,12 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers import tiny_model  # noqa: E402
 from sidecar_fakes import InstantSidecar  # noqa: E402
 
+from oospec import Engine  # noqa: E402
 from oospec.datasets import load_dataset  # noqa: E402
 from oospec.drafters import make_drafter  # noqa: E402
-from oospec.engine.drafting import Request  # noqa: E402
-from oospec.engine.engine import Engine  # noqa: E402
-from oospec.models.provision import pull  # noqa: E402
-from oospec.sidecar.protocol import Guess  # noqa: E402
+from oospec.sidecar import Guess  # noqa: E402
 
 METHODS = ("plain", "ar", "toolspec", "oospec")  # plain: no drafter (the engine's non-speculative path)
 TEMPERATURES = (0.0, 0.7)
@@ -42,43 +41,41 @@ LIGHT = {"type": "function", "function": {"name": "set_light", "parameters": {
                                      "on": {"type": "boolean"}}, "required": ["room", "on"]}}}
 ALARM = {"type": "function", "function": {"name": "set_alarm", "parameters": {
     "type": "object", "properties": {"hour": {"type": "integer", "enum": [6, 7, 8]}}, "required": ["hour"]}}}
+TOOLS = [LIGHT, ALARM]
 FORCED_MESSAGES = [{"role": "user", "content": "Turn on the kitchen light and wake me at seven."}]
 
 
 def make_engines() -> dict[str, Engine]:
-    path = pull("smollm2-135m")
-    smol = Engine.from_pretrained(path, dtype="float32")
+    smol = Engine.from_pretrained("smollm2-135m", dtype="float32")  # pulled into the oospec cache if missing
     tiny = Engine(tiny_model("qwen2", seed=3, vocab=len(smol.tokenizer)), smol.tokenizer)
     return {"smollm2": smol, "tiny-qwen2": tiny}
 
 
-def requests(engine: Engine, name: str) -> list[tuple[str, dict, list[Guess]]]:
-    """(label, Request fields without sampling, the sidecar's guesses) of the fixed set for one target."""
+def requests(engine: Engine, name: str) -> list[tuple[str, Callable, list[Guess]]]:
+    """(label, decode(drafter, **sampling fields) -> Result, the sidecar's guesses) of the fixed set for a target."""
     out = []
     if name == "smollm2":
-        out.append(("chat", {"prompt_ids": engine.encode(CHAT), "messages": CHAT}, []))
+        chat_ids = engine.encode(CHAT)
+        out.append(("chat", lambda drafter, **f: engine.generate(CHAT, prompt_ids=chat_ids, drafter=drafter, **f),
+                    []))
         for sample in load_dataset("apibank", split="1", limit=2):
-            fields = {f: getattr(sample.request(), f) for f in ("messages", "tools", "chat_tools", "dialect",
-                                                                  "tools_in_prompt")}
+            ids = engine.encode(sample.messages, sample.chat_tools())
             guesses = [Guess(c.name, dict(c.arguments)) for c in sample.gold or []]
-            out.append((sample.id, {**fields, "prompt_ids": engine.encode(sample.messages, sample.chat_tools())},
-                        guesses))
-    ids, _ = engine.forced_call([LIGHT, ALARM], "hermes")
-    prompt = np.concatenate([engine.encode(FORCED_MESSAGES, [LIGHT, ALARM]), ids])
-    out.append(("forced-call", {"prompt_ids": prompt, "messages": FORCED_MESSAGES, "chat_tools": [LIGHT, ALARM],
-                                "tools": [LIGHT, ALARM], "dialect": "hermes", "forced": True},
-                [Guess("set_light", {"room": "kitchen", "on": True})]))
+            out.append((sample.id, lambda drafter, sample=sample, ids=ids, **f: engine.generate(
+                sample.request(prompt_ids=ids, **f), drafter=drafter), guesses))
+    forced, _ = engine.forced_call(TOOLS, "hermes")
+    forced_ids = np.concatenate([engine.encode(FORCED_MESSAGES, TOOLS), forced])
+    # A fresh grammar for every reply: a constraint follows one reply.
+    out.append(("forced-call", lambda drafter, **f: engine.generate(
+        FORCED_MESSAGES, tools=TOOLS, prompt_ids=forced_ids, dialect="hermes", drafter=drafter,
+        constraint=engine.call_constraint(TOOLS, "hermes"), **f), [Guess("set_light", {"room": "kitchen", "on": True})]))
     return out
 
 
-def run_one(engine: Engine, method: str, fields: dict, guesses: list[Guess], temperature: float) -> dict:
-    fields = dict(fields)
-    if fields.pop("forced", False):  # a fresh grammar each time: a constraint follows one reply
-        fields["constraint"] = engine.call_constraint([LIGHT, ALARM], "hermes")
+def run_one(decode: Callable, method: str, guesses: list[Guess], temperature: float) -> dict:
     sidecar = InstantSidecar(guesses) if method == "oospec" else None
     drafter = None if method == "plain" else make_drafter(method, **({"sidecar": sidecar} if sidecar else {}))
-    request = Request(max_new_tokens=MAX_NEW, temperature=temperature, seed=SEED, **fields)
-    result = engine.generate(request, drafter=drafter)
+    result = decode(drafter, max_new_tokens=MAX_NEW, temperature=temperature, seed=SEED)
     stats = result.stats
     record = {"tokens": result.tokens.tolist(), "finish_reason": result.generation.finish_reason,
               "tau": round(stats.tau, 6), "target_forwards": stats.target_forwards,
@@ -102,11 +99,11 @@ def fingerprint() -> dict:
     torch.set_num_threads(1)  # one thread: the same reduction order whatever the machine's load
     out = {}
     for name, engine in make_engines().items():
-        for label, fields, guesses in requests(engine, name):
+        for label, decode, guesses in requests(engine, name):
             for temperature in TEMPERATURES:
                 for method in METHODS:
                     key = f"{name}/{label}/T={temperature}/{method}"
-                    out[key] = run_one(engine, method, fields, guesses, temperature)
+                    out[key] = run_one(decode, method, guesses, temperature)
                     print(key, "tau", out[key]["tau"], "tokens", len(out[key]["tokens"]), flush=True)
     return out
 
