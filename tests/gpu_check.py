@@ -52,11 +52,10 @@ def build(preset: str, dtype: torch.dtype, device: str):
 def equivalence(target: TargetBackend, vocab: int, prompts: list[np.ndarray], new: int) -> list[dict]:
     rows = []
     for case, prompt in enumerate(prompts):
-        request = Request(prompt_ids=prompt, eos_ids=frozenset())
-        plain = generate(target, Drafter(), request, new).tokens
+        plain = generate(target, Drafter(), Request(prompt_ids=prompt, max_new_tokens=new)).tokens
         for drafter in (RandomTreeDrafter(vocab, case), HugeTreeDrafter(vocab, case),
                         DecoyOracleDrafter(plain, vocab, case)):
-            out = generate(target, drafter, request, new, budget=63)
+            out = generate(target, drafter, Request(prompt_ids=prompt, max_new_tokens=new, budget=63))
             differ = np.flatnonzero(out.tokens[: plain.size] != plain[: out.tokens.size])
             rows.append({"prompt": int(prompt.size), "drafter": drafter.name, "tau": round(out.stats.tau, 2),
                          "identical": bool(np.array_equal(out.tokens, plain)),
@@ -65,14 +64,14 @@ def equivalence(target: TargetBackend, vocab: int, prompts: list[np.ndarray], ne
 
 
 def speed(target: TargetBackend, prompt: np.ndarray, new: int, budgets: tuple[int, ...]) -> dict:
-    request = Request(prompt_ids=prompt, eos_ids=frozenset())
-    generate(target, Drafter(), request, 8)  # warm-up: kernels, allocator
-    plain = generate(target, Drafter(), request, new)
+    generate(target, Drafter(), Request(prompt_ids=prompt, max_new_tokens=8))  # warm-up: kernels, allocator
+    plain = generate(target, Drafter(), Request(prompt_ids=prompt, max_new_tokens=new))
     result = {"prompt": int(prompt.size), "new_tokens": int(plain.tokens.size),
               "prefill_s": round(plain.stats.prefill_s, 4), "ar_decode_s": round(plain.stats.decode_s, 4),
               "ar_ms_per_token": round(1000 * plain.stats.decode_s / max(plain.tokens.size - 1, 1), 3)}
     for budget in budgets:
-        out = generate(target, OracleDrafter(plain.tokens), request, new, budget=budget)
+        out = generate(target, OracleDrafter(plain.tokens), Request(prompt_ids=prompt, max_new_tokens=new,
+                                                                    budget=budget))
         assert np.array_equal(out.tokens, plain.tokens)
         stats = out.stats
         result[f"oracle_b{budget}"] = {"tau": round(stats.tau, 2), "decode_s": round(stats.decode_s, 4),

@@ -51,6 +51,17 @@ def greedy_reference(model, prompt: np.ndarray, max_new_tokens: int, eos_ids=Non
     return out[0, prompt.size :].numpy()
 
 
+def decode_request(prompt, max_new_tokens: int, budget: int | None = None, sampling=None, eos_ids=()):
+    """The Request oospec.engine.decode.generate reads, `sampling` (SamplingParams; None: greedy) written as the
+    Request's own fields."""
+    from oospec.engine.drafting import Request
+
+    fields = {} if sampling is None else dict(temperature=sampling.temperature, top_p=sampling.top_p,
+                                              top_k=sampling.top_k, seed=sampling.seed)
+    return Request(np.asarray(prompt, dtype=np.int64), frozenset(eos_ids), max_new_tokens=max_new_tokens,
+                   budget=budget, **fields)
+
+
 def conversation(seed=0, turns=4):
     """Prompts of a growing conversation: each is the previous one, plus a reply and a new message; one
     branch goes back to an earlier turn and diverges."""

@@ -11,11 +11,10 @@ import numpy as np
 import pytest
 import torch
 from adversarial import DecoyOracleDrafter, EmptyDrafter, HugeTreeDrafter, RandomTreeDrafter, RepeatDrafter
-from helpers import VOCAB, greedy_reference, tiny_model
+from helpers import VOCAB, decode_request, greedy_reference, tiny_model
 
 from oospec.drafters import make_drafter
 from oospec.engine.decode import generate
-from oospec.engine.drafting import Request
 from oospec.engine.invariant import install
 from oospec.engine.target import TargetBackend
 from oospec.models.cpu_features import auto_dtype, cpu_flags, drafter_dtype, native_bf16
@@ -46,7 +45,7 @@ def test_bf16_all_drafters_match_bf16_greedy(tiny_bf16, budget):
         prompt = rng.integers(2, VOCAB, int(rng.integers(2, 50)))
         reference = greedy_reference(tiny_bf16, prompt, MAX_NEW)
         for drafter in drafters(reference, i):
-            out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=budget)
+            out = generate(target, drafter, decode_request(prompt, MAX_NEW, budget))
             assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on prompt {i}"
 
 
@@ -55,7 +54,7 @@ def test_bf16_decoy_oracle_is_accepted_deep(tiny_bf16):
     target = TargetBackend(tiny_bf16)
     prompt = np.random.default_rng(9).integers(2, VOCAB, 30)
     reference = greedy_reference(tiny_bf16, prompt, MAX_NEW)
-    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 1), Request(prompt, frozenset()), MAX_NEW, budget=48)
+    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 1), decode_request(prompt, MAX_NEW, 48))
     assert np.array_equal(out.tokens, reference) and out.stats.tau > 4
 
 

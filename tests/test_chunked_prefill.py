@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 from adversarial import DecoyOracleDrafter, HugeTreeDrafter, RandomTreeDrafter
-from helpers import VOCAB, conversation, greedy_reference
+from helpers import VOCAB, conversation, decode_request, greedy_reference
 
 from oospec.drafters import make_drafter
 from oospec.engine.decode import generate
-from oospec.engine.drafting import Drafter, Request
+from oospec.engine.drafting import Drafter
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.engine.target import TargetBackend
 from oospec.sidecar import SidecarClient
@@ -76,7 +76,7 @@ def test_chunked_prefill_with_adversarial_drafters_matches_greedy(tiny, chunk):
         reference = greedy_reference(tiny, prompt, MAX_NEW)
         for drafter in (make_drafter("ar"), make_drafter("pld"), RandomTreeDrafter(VOCAB, i),
                         HugeTreeDrafter(VOCAB, i), DecoyOracleDrafter(reference, VOCAB, i)):
-            out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=32)
+            out = generate(target, drafter, decode_request(prompt, MAX_NEW, 32))
             assert np.array_equal(out.tokens, reference), f"{drafter.name}, prompt {i}, chunk {chunk}"
 
 
@@ -85,7 +85,7 @@ def test_chunked_prefill_after_a_restored_prefix_matches_greedy(tiny):
     cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
     for i, prompt in enumerate(conversation()):
         out = generate(target, DecoyOracleDrafter(greedy_reference(tiny, prompt, MAX_NEW), VOCAB, i),
-                       Request(prompt, frozenset()), MAX_NEW, prefix_cache=cache)
+                       decode_request(prompt, MAX_NEW), prefix_cache=cache)
         assert np.array_equal(out.tokens, greedy_reference(tiny, prompt, MAX_NEW)), f"turn {i}"
 
 
@@ -118,7 +118,7 @@ def test_threads_are_borrowed_while_the_helper_is_idle_and_given_back(tiny):
     try:
         # asked once for the cost curve (the threads it will verify on), before chunk 1, then before chunks
         # 2..5: idle from the 4th question, busy again at the 8th
-        out = generate(target, LendingDrafter(1, lend_from=4, busy_from=8), Request(prompt, frozenset()), MAX_NEW)
+        out = generate(target, LendingDrafter(1, lend_from=4, busy_from=8), decode_request(prompt, MAX_NEW))
         after = torch.get_num_threads()
     finally:
         hook.remove()
@@ -135,7 +135,7 @@ def test_drafters_lend_nothing_by_default(tiny):
     torch.set_num_threads(1)
     seen, hook = forward_threads(tiny)
     try:
-        out = generate(target, make_drafter("pld"), Request(np.arange(2, 42), frozenset()), MAX_NEW)
+        out = generate(target, make_drafter("pld"), decode_request(np.arange(2, 42), MAX_NEW))
     finally:
         hook.remove()
         torch.set_num_threads(before)

@@ -67,11 +67,10 @@ def test_speculative_output_is_plain_greedy_on_the_gpu(dtype):
     rng = np.random.default_rng(2)
     for case in range(3):
         prompt = rng.integers(0, VOCAB, int(rng.integers(20, 400)))
-        request = Request(prompt_ids=prompt, eos_ids=frozenset())
-        plain = generate(target, Drafter(), request, 64).tokens
+        plain = generate(target, Drafter(), Request(prompt_ids=prompt, max_new_tokens=64)).tokens
         for drafter in (RandomTreeDrafter(VOCAB, case), HugeTreeDrafter(VOCAB, case),
                         DecoyOracleDrafter(plain, VOCAB, case)):
-            out = generate(target, drafter, request, 64, budget=63).tokens
+            out = generate(target, drafter, Request(prompt_ids=prompt, max_new_tokens=64, budget=63)).tokens
             assert np.array_equal(out, plain), (case, drafter.name)
 
 

@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 from adversarial import (DecoyOracleDrafter, EmptyDrafter, HugeTreeDrafter, ProbingDrafter, RandomTreeDrafter,
                          RepeatDrafter)
-from helpers import greedy_reference
+from helpers import decode_request, greedy_reference
 
 from oospec.drafters import make_drafter
-from oospec.engine.drafting import Request
 from oospec.engine.decode import generate
 from oospec.engine.target import TargetBackend
 
@@ -49,7 +48,7 @@ def test_all_drafters_match_greedy(tiny, budget):
         reference = greedy_reference(tiny, prompt, MAX_NEW)
         assert reference.size == MAX_NEW
         for drafter in drafters_for(reference, i):
-            out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=budget)
+            out = generate(target, drafter, decode_request(prompt, MAX_NEW, budget))
             assert np.array_equal(out.tokens, reference), f"{drafter.name} diverged on prompt {i}"
 
 
@@ -60,7 +59,7 @@ def test_probe_rows_hold_the_targets_own_choice_there_and_change_nothing(tiny):
     prompt = prompts(4)[2]
     reference = greedy_reference(tiny, prompt, MAX_NEW)
     drafter = ProbingDrafter(VOCAB, 5, max_nodes=4, probe_nodes=24)
-    out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=4)
+    out = generate(target, drafter, decode_request(prompt, MAX_NEW, 4))
     assert np.array_equal(out.tokens, reference)
     assert 4 < max(out.stats.tree_sizes) <= 4 + 24  # the rows each forward verified, probes included
     checked = 0
@@ -81,7 +80,7 @@ def test_huge_trees_hundreds_of_nodes(tiny):
     prompt = prompts(1)[0]
     reference = greedy_reference(tiny, prompt, MAX_NEW)
     for drafter in (HugeTreeDrafter(VOCAB, 7), DecoyOracleDrafter(reference, VOCAB, 7, depth=30, decoys=20)):
-        out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=300)
+        out = generate(target, drafter, decode_request(prompt, MAX_NEW, 300))
         assert np.array_equal(out.tokens, reference)
         assert out.stats.tree_sizes[0] > 100
 
@@ -91,7 +90,7 @@ def test_oracle_accepts_many_tokens_per_forward(tiny):
     target = TargetBackend(tiny)
     prompt = prompts(2)[3]
     reference = greedy_reference(tiny, prompt, MAX_NEW)
-    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 3), Request(prompt, frozenset()), MAX_NEW, budget=64)
+    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 3), decode_request(prompt, MAX_NEW, 64))
     assert np.array_equal(out.tokens, reference)
     assert out.stats.tau > 5
     assert out.stats.target_forwards < MAX_NEW / 4
@@ -102,7 +101,7 @@ def test_max_new_tokens_is_exact(tiny, max_new):
     target = TargetBackend(tiny)
     prompt = prompts(3)[1]
     reference = greedy_reference(tiny, prompt, max_new)
-    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 0), Request(prompt, frozenset()), max_new, budget=32)
+    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 0), decode_request(prompt, max_new, 32))
     assert np.array_equal(out.tokens, reference)
     assert out.stats.new_tokens == max_new
 
@@ -118,7 +117,7 @@ def test_stops_at_end_of_turn_even_inside_accepted_draft(tiny):
         assert reference.size <= 8
         full = greedy_reference(tiny, prompt, MAX_NEW)  # what an oracle that ignores end-of-turn would draft
         for drafter in (DecoyOracleDrafter(full, VOCAB, i), make_drafter("pld"), RepeatDrafter()):
-            out = generate(target, drafter, Request(prompt, eos), MAX_NEW, budget=16)
+            out = generate(target, drafter, decode_request(prompt, MAX_NEW, 16, eos_ids=eos))
             assert np.array_equal(out.tokens, reference), drafter.name
 
 
@@ -129,5 +128,5 @@ def test_backend_reused_across_requests_of_different_sizes(tiny):
     order = sorted(ps, key=len) + sorted(ps, key=len, reverse=True)
     for prompt in order:
         reference = greedy_reference(tiny, prompt, 20)
-        out = generate(target, make_drafter("pld"), Request(prompt, frozenset()), 20, budget=16)
+        out = generate(target, make_drafter("pld"), decode_request(prompt, 20, 16))
         assert np.array_equal(out.tokens, reference)

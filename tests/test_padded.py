@@ -102,10 +102,9 @@ def test_speculative_output_is_plain_greedy_under_adversarial_drafters(dtype):
     rng = np.random.default_rng(1)
     for case in range(2):
         prompt = rng.integers(0, VOCAB, int(rng.integers(20, 140)))
-        request = Request(prompt_ids=prompt, eos_ids=frozenset())
-        plain = generate(target, Drafter(), request, 48).tokens
+        plain = generate(target, Drafter(), Request(prompt_ids=prompt, max_new_tokens=48)).tokens
         drafters = (RandomTreeDrafter(VOCAB, case), HugeTreeDrafter(VOCAB, case),
                     DecoyOracleDrafter(plain, VOCAB, case))
         for drafter in drafters:
-            out = generate(target, drafter, request, 48, budget=63).tokens
+            out = generate(target, drafter, Request(prompt_ids=prompt, max_new_tokens=48, budget=63)).tokens
             assert np.array_equal(out, plain), (case, drafter.name)

@@ -3,10 +3,9 @@
 import numpy as np
 import pytest
 from adversarial import DecoyOracleDrafter, RandomTreeDrafter
-from helpers import VOCAB, conversation, greedy_reference
+from helpers import VOCAB, conversation, decode_request, greedy_reference
 
 from oospec.drafters import make_drafter
-from oospec.engine.drafting import Request
 from oospec.engine.decode import generate
 from oospec.engine.prefix_cache import PrefixCache, common_prefix_length
 from oospec.engine.target import TargetBackend
@@ -35,7 +34,7 @@ def test_reuse_matches_cold_greedy(tiny, method):
         reference = greedy_reference(tiny, prompt, MAX_NEW)
         drafter = {"ar": make_drafter("ar"), "pld": make_drafter("pld"), "random": RandomTreeDrafter(VOCAB, i),
                    "oracle": DecoyOracleDrafter(reference, VOCAB, i)}[method]
-        out = generate(target, drafter, Request(prompt, frozenset()), MAX_NEW, budget=16, prefix_cache=cache)
+        out = generate(target, drafter, decode_request(prompt, MAX_NEW, 16), prefix_cache=cache)
         assert np.array_equal(out.tokens, reference), f"turn {i}"
         reused.append(out.stats.prompt_tokens_reused)
     prompts = conversation()
@@ -51,9 +50,9 @@ def test_reuse_of_the_previous_output(tiny):
     target = TargetBackend(tiny)
     cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
     prompt = conversation()[0]
-    first = generate(target, make_drafter("pld"), Request(prompt, frozenset()), MAX_NEW, prefix_cache=cache)
+    first = generate(target, make_drafter("pld"), decode_request(prompt, MAX_NEW), prefix_cache=cache)
     follow_up = np.concatenate([prompt, first.tokens, np.arange(10, 20)])
-    out = generate(target, make_drafter("pld"), Request(follow_up, frozenset()), MAX_NEW, prefix_cache=cache)
+    out = generate(target, make_drafter("pld"), decode_request(follow_up, MAX_NEW), prefix_cache=cache)
     # Every token whose key and value were committed: the prompt and all output but the last token.
     assert out.stats.prompt_tokens_reused == prompt.size + first.tokens.size - 1
     assert np.array_equal(out.tokens, greedy_reference(tiny, follow_up, MAX_NEW))
@@ -63,11 +62,11 @@ def test_memory_bound_and_lru_eviction(tiny):
     target = TargetBackend(tiny)
     rng = np.random.default_rng(3)
     prompts = [rng.integers(2, VOCAB, 50) for _ in range(4)]
-    generate(target, make_drafter("ar"), Request(prompts[0], frozenset()), 4)
+    generate(target, make_drafter("ar"), decode_request(prompts[0], 4))
     per_entry = (50 + 3) * target.slot_bytes  # prompt plus committed output
     cache = PrefixCache(max_bytes=int(2.5 * per_entry), min_tokens=4)
     for p in prompts[:3]:
-        generate(target, make_drafter("ar"), Request(p, frozenset()), 4, prefix_cache=cache)
+        generate(target, make_drafter("ar"), decode_request(p, 4), prefix_cache=cache)
         assert cache.nbytes <= cache.max_bytes
     assert len(cache) == 2 and cache.stats.evictions == 1
     # prompts[0] was evicted (least recently used); prompts[1] and [2] are still there
@@ -76,12 +75,12 @@ def test_memory_bound_and_lru_eviction(tiny):
     assert cache.restore(target_reset(target), prompts[2]) == 49
     # Touching [1] then storing a new entry evicts [2], not [1]
     cache.restore(target_reset(target), prompts[1])
-    generate(target, make_drafter("ar"), Request(prompts[3], frozenset()), 4, prefix_cache=cache)
+    generate(target, make_drafter("ar"), decode_request(prompts[3], 4), prefix_cache=cache)
     assert cache.restore(target_reset(target), prompts[2]) == 0
     assert cache.restore(target_reset(target), prompts[1]) == 49
     # An entry larger than the whole budget is not kept
     small = PrefixCache(max_bytes=per_entry // 2, min_tokens=4)
-    generate(target, make_drafter("ar"), Request(prompts[0], frozenset()), 4, prefix_cache=small)
+    generate(target, make_drafter("ar"), decode_request(prompts[0], 4), prefix_cache=small)
     assert len(small) == 0 and small.nbytes == 0
 
 
@@ -95,7 +94,7 @@ def test_extended_entries_replace_their_prefix(tiny):
     cache = PrefixCache(max_bytes=64 << 20, min_tokens=4)
     prompt = conversation()[0]
     for turn in range(4):  # each prompt is the last one, its reply and a new message
-        out = generate(target, make_drafter("ar"), Request(prompt, frozenset()), 4, prefix_cache=cache)
+        out = generate(target, make_drafter("ar"), decode_request(prompt, 4), prefix_cache=cache)
         assert out.stats.prompt_tokens_reused == (0 if turn == 0 else prompt.size - 8 - 1)
         prompt = np.concatenate([prompt, out.tokens, np.arange(50 + turn, 58 + turn)])
     assert len(cache) == 1  # one growing conversation is one entry, not four copies
@@ -106,18 +105,18 @@ def test_on_tokens_sees_every_token_and_can_stop(tiny):
     prompt = conversation(1)[0]
     reference = greedy_reference(tiny, prompt, MAX_NEW)
     seen = []
-    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 0), Request(prompt, frozenset()), MAX_NEW,
+    out = generate(target, DecoyOracleDrafter(reference, VOCAB, 0), decode_request(prompt, MAX_NEW),
                    on_tokens=lambda t: seen.append(t.copy()))
     assert np.array_equal(np.concatenate(seen), out.tokens)
     assert max(s.size for s in seen) > 1  # steps that accepted several tokens report them together
     assert out.finish_reason == "length"
     calls = []
-    out = generate(target, make_drafter("ar"), Request(prompt, frozenset()), MAX_NEW,
+    out = generate(target, make_drafter("ar"), decode_request(prompt, MAX_NEW),
                    on_tokens=lambda t: calls.append(t.copy()) or len(calls) == 5)
     assert out.finish_reason == "callback"
     assert np.array_equal(out.tokens, reference[:5])
     eos = frozenset({int(reference[3])})
-    out = generate(target, make_drafter("pld"), Request(prompt, eos), MAX_NEW)
+    out = generate(target, make_drafter("pld"), decode_request(prompt, MAX_NEW, eos_ids=eos))
     assert out.finish_reason == "stop" and out.tokens[-1] == reference[3]
 
 

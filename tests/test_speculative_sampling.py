@@ -18,13 +18,12 @@ import numpy as np
 import pytest
 import torch
 from adversarial import RandomTreeDrafter, tree_candidates
-from helpers import tiny_model
+from helpers import decode_request, tiny_model
 
 from oospec.engine.acceptance import greedy_accept
 from oospec.engine.decode import generate
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
-from oospec.engine.drafting import Candidate, Drafter, Request, build_tree
-from oospec.engine.sampling import sample
+from oospec.engine.drafting import Candidate, Drafter, build_tree
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CPU_CURVES, CostModel
 from oospec.engine.speculative_sampling import speculative_accept
@@ -369,12 +368,12 @@ def test_generate_and_plain_sample_both_match_the_exact_distribution(drafter_kin
     target = TableTarget(seed=2)
     params = SamplingParams(temperature=1.0, top_p=0.9)
     probs = exact_joint(target, params)
-    request = Request(PROMPT, frozenset())
     n = 2500
     drafter = LikelyChainDrafter(target, params) if drafter_kind == "likely" else RandomTreeDrafter(VOCAB, 0, 8)
-    spec = loop_counts(lambda i: generate(target, drafter, request, N_TOKENS, 16,
-                                          sampling=SamplingParams(1.0, 0.9, seed=i)), n)
-    plain = loop_counts(lambda i: sample(target, request, N_TOKENS, SamplingParams(1.0, 0.9, seed=10**6 + i)), n)
+    spec = loop_counts(lambda i: generate(target, drafter, decode_request(
+        PROMPT, N_TOKENS, 16, sampling=SamplingParams(1.0, 0.9, seed=i))), n)
+    plain = loop_counts(lambda i: generate(target, None, decode_request(
+        PROMPT, N_TOKENS, sampling=SamplingParams(1.0, 0.9, seed=10**6 + i))), n)
     for label, counts in (("speculative", spec), ("plain", plain)):
         p_value, tv = fits(counts, probs)
         print(f"generate end to end, {drafter_kind}, {label}: N={n} chi2 p={p_value:.4f} TV={tv:.4f}")
@@ -397,8 +396,8 @@ def test_tiny_transformer_speculative_sampling_matches_the_exact_distribution():
     drafter = RandomTreeDrafter(vocab, seed=1, max_nodes=6)
     counts = np.zeros(vocab * vocab, dtype=np.int64)
     for i in range(n):
-        toks = generate(target, drafter, Request(prompt, frozenset()), 2, 8,
-                        sampling=SamplingParams(1.0, top_k=3, seed=i)).tokens
+        request = decode_request(prompt, 2, 8, sampling=SamplingParams(1.0, top_k=3, seed=i))
+        toks = generate(target, drafter, request).tokens
         counts[int(toks[0]) * vocab + int(toks[1])] += 1
     p_value, tv = fits(counts, probs)
     # E[TV] is about 0.06 at n=300 over these 16 cells (12 of them possible under top_k=3)
@@ -411,34 +410,34 @@ def test_same_seed_same_output_whatever_the_drafts_and_stats_say_which_path_ran(
     speculative sampling returns plain sampling's tokens exactly, with any drafter (as greedy speculation
     returns plain greedy's), and a different seed gives different tokens."""
     target = TableTarget(seed=2)
-    request = Request(PROMPT, frozenset())
     for seed in range(5):
         params = SamplingParams(0.8, top_p=0.95, top_k=3, seed=seed)
-        plain = sample(target, request, 40, params)
+        plain = generate(target, None, decode_request(PROMPT, 40, sampling=params))
         assert plain.stats.sampling == "sample(temperature=0.8, top_p=0.95, top_k=3)" and plain.stats.tau == 1.0
         # The merged one is cost-aware: its trees shrink as the request's sampled acceptance is learnt.
         merged = MergedDrafter([LikelyChainDrafter(target, params), RandomTreeDrafter(VOCAB, seed, 8)],
                                CostModel.from_curve(CPU_CURVES["float32", 1]))
         for drafter in (RandomTreeDrafter(VOCAB, seed, 8), LikelyChainDrafter(target, params), Drafter(), merged):
-            spec = generate(target, drafter, request, 40, 8, sampling=params)
+            spec = generate(target, drafter, decode_request(PROMPT, 40, 8, sampling=params))
             assert np.array_equal(spec.tokens, plain.tokens), (seed, drafter.name)
             assert spec.stats.sampling == "speculative sample(temperature=0.8, top_p=0.95, top_k=3)"
-    other = sample(target, request, 40, SamplingParams(0.8, top_p=0.95, top_k=3, seed=99))
+    other = generate(target, None, decode_request(PROMPT, 40, sampling=SamplingParams(0.8, top_p=0.95, top_k=3,
+                                                                                      seed=99)))
     assert not np.array_equal(other.tokens, plain.tokens)
-    likely = generate(target, LikelyChainDrafter(target, params), request, 40, 8, sampling=params)
+    likely = generate(target, LikelyChainDrafter(target, params), decode_request(PROMPT, 40, 8, sampling=params))
     assert likely.stats.tau > 1.5  # the likely chain is accepted often: fewer forwards than tokens
-    assert generate(target, Drafter(), request, 10, 8).stats.sampling == "greedy"
+    assert generate(target, Drafter(), decode_request(PROMPT, 10, 8)).stats.sampling == "greedy"
 
 
 def test_tiny_transformer_speculative_sampling_returns_plain_sampling_tokens(tiny):
     """Through the real TargetBackend (tree masks, row order, KV commit) on random qwen2 and llama models:
     the same seed gives plain sampling's tokens with random-tree drafts, also at top-p/top-k cuts."""
     target = TargetBackend(tiny)
-    request = Request(np.array([5, 17, 3, 99, 42, 7]), frozenset())
+    prompt = np.array([5, 17, 3, 99, 42, 7])
     vocab = tiny.config.vocab_size
     for seed, params in enumerate([SamplingParams(1.0, seed=0), SamplingParams(0.7, top_p=0.8, top_k=20, seed=1)]):
-        plain = sample(target, request, 24, params)
-        spec = generate(target, RandomTreeDrafter(vocab, seed, 12), request, 24, 12, sampling=params)
+        plain = generate(target, None, decode_request(prompt, 24, sampling=params))
+        spec = generate(target, RandomTreeDrafter(vocab, seed, 12), decode_request(prompt, 24, 12, sampling=params))
         assert np.array_equal(spec.tokens, plain.tokens)
 
 

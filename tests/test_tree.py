@@ -94,10 +94,10 @@ def test_generate_gives_drafters_the_targets_curve_unless_the_request_has_one(dt
             seen.append(self.cost)
 
     prompt = np.arange(1, 9, dtype=np.int64)
-    generate(target, Recording(), Request(prompt_ids=prompt), 4)
+    generate(target, Recording(), Request(prompt_ids=prompt, max_new_tokens=4))
     assert np.allclose(seen[-1].ratios, target.cost_model().ratios)
     mine = CostModel.from_curve({1: 1.0, 64: 1.0})
-    generate(target, Recording(), Request(prompt_ids=prompt, cost=mine), 4)
+    generate(target, Recording(), Request(prompt_ids=prompt, cost=mine, max_new_tokens=4))
     assert seen[-1] is mine
 
     class Lending(Recording):  # an idle sidecar's thread: the target verifies on its own and that one
@@ -105,6 +105,6 @@ def test_generate_gives_drafters_the_targets_curve_unless_the_request_has_one(dt
             return 1
 
     with torch_threads(1):
-        generate(target, Lending(), Request(prompt_ids=prompt), 4)
+        generate(target, Lending(), Request(prompt_ids=prompt, max_new_tokens=4))
         assert np.allclose(seen[-1].ratios, target.cost_model(2).ratios)
         assert not np.allclose(target.cost_model(2).ratios, target.cost_model(1).ratios)

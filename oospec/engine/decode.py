@@ -1,12 +1,18 @@
-"""The speculative decode loop: prefill, then propose -> verify -> accept -> commit until done."""
+"""The decode loop: prefill, then draft -> verify -> commit until done; one loop for every path.
+
+Greedy and sampled decoding differ only in the verify step (`verify_greedy`, `verify_sampled`); a grammar is a
+mask that step applies to the target's logits, after `constrain` has cut the draft to it; plain decoding is the
+same loop with a drafter that proposes nothing. Per-request state lives in a `DecodeState` built once.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 from oospec.engine.acceptance import greedy_accept
 from oospec.engine.budget import SampledAcceptance
@@ -18,7 +24,6 @@ from oospec.engine.speculative_sampling import speculative_accept
 from oospec.engine.target import TargetBackend
 from oospec.engine.threads import ThreadShare
 from oospec.engine.tree import TokenTree
-from oospec.errors import ContextLengthError
 from oospec.models.registry import DEFAULT_BUDGET
 
 # Called with the tokens each step produced ((k,) int64, the first call with the prefill's token); returning
@@ -37,8 +42,8 @@ class GenerationStats:
     draft_s: float = 0.0  # time inside drafters (part of decode_s)
     prompt_tokens_reused: int = 0  # prompt tokens restored from a prefix cache instead of prefilled
     threads_borrowed: int = 0  # the most CPU threads the target borrowed from an idle sidecar (ThreadShare)
-    # Which path ran: "greedy" (speculative, lossless), "speculative sample(temperature=..., ...)" (speculative,
-    # distribution-preserving) or "sample(temperature=..., ...)" (plain sampling, one forward per token).
+    # Which path ran: "greedy" (lossless, speculative with a drafter), "speculative sample(temperature=..., ...)"
+    # (distribution-preserving) or "sample(temperature=..., ...)" (plain sampling, no drafter).
     sampling: str = "greedy"
 
     @property
@@ -75,165 +80,216 @@ class Generation:
     finish_reason: str = "length"
 
 
-def generate(
-    target: TargetBackend,
-    drafter: Drafter,
-    request: Request,
-    max_new_tokens: int,
-    budget: int = DEFAULT_BUDGET,
-    *,
-    prefix_cache: PrefixCache | None = None,
-    on_tokens: OnTokens | None = None,
-    sampling: SamplingParams | None = None,
-    constraint: GrammarConstraint | None = None,
-) -> Generation:
-    """Greedy decoding of `request.prompt_ids`, accelerated by `drafter`; token-identical to plain greedy.
+@dataclass
+class DecodeState:
+    """What one request's decode derives from its Request once, and where the loop stands."""
 
-    budget: the most draft nodes verified per forward.
-    sampling: sample instead (temperature > 0), verifying trees by speculative sampling: the output is exactly
-    the tokens plain sampling (oospec.engine.sampling) draws with the same seed, whatever the drafts
-    (oospec.engine.speculative_sampling).
+    seq: np.ndarray  # (capacity,) int64: the prompt, then every produced token, written in place
+    prompt_len: int
+    max_new: int  # the most tokens produced (the request's, already fitted to the context by the engine)
+    budget: int  # the most draft nodes verified per forward (the request's, capped by the forward's limit)
+    probe_nodes: int  # nodes past the budget where the drafter reads the target's predictions (Drafter.probes)
+    eos: np.ndarray  # (e,) int64 tokens that end the turn
+    sampling: SamplingParams | None  # None: greedy
+    # (max_new,) float64: the draw of each output position, as plain sampling makes them (speculative_sampling).
+    uniforms: torch.Tensor | None
+    meter: SampledAcceptance | None  # sampling: the acceptance seen so far, which shrinks later trees
+    constraint: GrammarConstraint | None
+    n: int = 0  # tokens in seq: prompt plus produced
+    pending: int = -1  # the last produced token, not yet in the KV cache
+    finish_reason: str | None = None  # set when generation ends (see Generation)
+
+    @property
+    def produced(self) -> int:
+        return self.n - self.prompt_len
+
+
+def generate(target: TargetBackend, drafter: Drafter | None, request: Request, *,
+             prefix_cache: PrefixCache | None = None, on_tokens: OnTokens | None = None) -> Generation:
+    """Decode `request` (prompt, max_new_tokens, budget, sampling, constraint), accelerated by `drafter`.
+
+    Lossless whatever the drafter: greedy output is token-identical to plain greedy; sampled output is exactly
+    the tokens plain sampling draws with the same seed (oospec.engine.speculative_sampling); under a grammar
+    (oospec.engine.constraint) the constrained greedy or sampled output.
+    drafter: None decodes plainly, one forward per token (its stats say "sample(...)" when sampling).
+    request: as Engine.prepare leaves it: prompt ids set and fitting the context with max_new_tokens.
     prefix_cache: start from the longest cached prefix of the prompt, and keep this request's cache there.
     on_tokens: told the tokens of every step as they are accepted; may end generation (see OnTokens).
-    constraint: a grammar the output follows (oospec.engine.constraint): drafts are pruned to it and the target's
-    logits masked by it at every node, so the output is the constrained greedy (or sampled) output.
     """
-    prompt = np.asarray(request.prompt_ids, dtype=np.int64)
-    p = prompt.size
-    step_nodes = getattr(target, "max_tree_nodes", None)  # the invariant forward's limit (TargetBackend)
-    if step_nodes is not None:
-        budget = min(budget, step_nodes)
-    eos = np.fromiter(request.eos_ids, dtype=np.int64)
-    check_fits(p, max_new_tokens, target.max_context)
-    stats = GenerationStats(sampling="greedy" if sampling is None else f"speculative sample({sampling.describe()})")
-    # One uniform per output position, as plain sampling draws them (see oospec.engine.speculative_sampling);
-    # trees are pruned to the tokens still wanted, so no node reaches past the last one.
-    uniforms = sampling.uniforms(max(max_new_tokens, 1)) if sampling is not None else None
-    meter = SampledAcceptance() if sampling is not None else None  # smaller trees where sampling is less sure
-    finish_reason = "length"
+    plain = drafter is None
+    drafter = Drafter() if plain else drafter
+    sampling = request.sampling
+    stats = GenerationStats(sampling="greedy" if sampling is None else
+                            f"{'sample' if plain else 'speculative sample'}({sampling.describe()})")
     # The target takes the threads of a sidecar on its CPU while that sidecar is idle (checked between
     # prefill chunks and before every verification); they are given back when it works again, and at the end.
     threads = ThreadShare(drafter)
-    if request.cost is None:
-        # The curve of the threads it will verify with: its own and those the idle sidecar lends it.
-        request = replace(request, cost=target.cost_model(threads.own + drafter.idle_threads()))
+    derived_cost = request.cost is None
+    if derived_cost:  # the curve of the threads it will verify with: its own and those an idle sidecar lends
+        request.cost = target.cost_model(threads.own + drafter.idle_threads())
     drafter.start(request)
-    # Nodes beyond the budget where the drafter reads the target's own predictions (Drafter.probes); known
-    # once it has seen the request (its cost curve says how cheap extra rows are).
-    probe_nodes = max(0, int(getattr(drafter, "probe_nodes", 0)))
-    if step_nodes is not None:
-        probe_nodes = min(probe_nodes, step_nodes - budget)
-    # Prompt, then produced tokens, written in place: drafters read a view, nothing is re-tokenized.
-    seq = np.empty(p + max_new_tokens + budget + probe_nodes + 1, dtype=np.int64)
-    seq[:p] = prompt
-    n = p
-    target.reset(p + max_new_tokens + budget + probe_nodes + 1)
+    state = start_state(target, drafter, request)
+    verify = verify_greedy if sampling is None else verify_sampled
     try:
-        # 1. Prefill: the prompt goes into the cache, its last logits give the first (pending) token.
-        t0 = time.perf_counter()
-        reused = prefix_cache.restore(target, prompt) if prefix_cache is not None else 0
-        threads.update()
-        if sampling is None and constraint is None:
-            pending = target.prefill(prompt, start=reused, between_chunks=threads.update)
-        else:
-            logits = target.prefill_logits(prompt, start=reused, between_chunks=threads.update)
-            if constraint is not None:
-                logits = constraint.mask_next(logits)
-            pending = int(logits.argmax()) if sampling is None else inverse_cdf(
-                target_distribution(logits.cpu(), sampling), float(uniforms[0]))
-            if constraint is not None:
-                constraint.advance([pending])
-        stats.prefill_s = time.perf_counter() - t0
-        stats.prompt_tokens_reused = reused
-        stats.target_forwards = 1
-        seq[n] = pending
-        n += 1
-        done = max_new_tokens <= 1 or pending in request.eos_ids
-        if pending in request.eos_ids:
-            finish_reason = "stop"
-        drafter.observe(seq[n - 1 : n])
-        if on_tokens is not None and on_tokens(seq[n - 1 : n]) and not done:
-            done, finish_reason = True, "callback"
+        prefill(target, state, prefix_cache, threads, stats)
+        drafter.observe(state.seq[state.n - 1 : state.n])
+        tell(on_tokens, state, state.seq[state.n - 1 : state.n])
         t_decode = time.perf_counter()
-        while not done:
-            remaining = max_new_tokens - (n - p)
-            # 2. Propose: a tree below the pending token, no deeper than the tokens still wanted.
-            t_draft = time.perf_counter()
-            if remaining > 1:
-                discount = meter.discount if meter is not None else 1.0
-                tree = build_tree(drafter.candidates(seq[:n]), budget, drafter.cost, discount).pruned(budget,
-                                                                                                    remaining - 1)
-                if probe_nodes:
-                    tree = tree.extended(drafter.probes(seq[:n]), len(tree) + probe_nodes, remaining - 1)
-            else:
-                tree = TokenTree.empty()
-            stats.draft_s += time.perf_counter() - t_draft
-            if constraint is not None:  # nodes the grammar forbids go; the allowed tokens after each node stay
-                tree, allowed = constraint.prune(tree)
+        while state.finish_reason is None:
+            tree, mask = constrain(state, draft(drafter, state, stats))
             threads.update()
-            # 3. Verify: one target forward over the pending token and every node (under a grammar, the
-            #    forbidden tokens' logits at -inf after each).
-            # 4. Accept: greedy, the longest path the target agrees with, plus its own next token; sampling, the
-            #    path speculative sampling accepts, plus the token it draws after it.
-            choices = None
-            if constraint is None and sampling is None:
-                choices = target.verify(pending, tree)
-                path, bonus = greedy_accept(tree, choices)
-            else:
-                logits = target.verify_logits(pending, tree)
-                if constraint is not None:
-                    logits = constraint.apply(logits, allowed)
-                if sampling is None:
-                    choices = logits.argmax(-1).cpu().numpy()
-                    path, bonus = greedy_accept(tree, choices)
-                else:
-                    path, bonus = speculative_accept(tree, logits, sampling, uniforms[n - p :], meter)
-                    if probe_nodes:  # the probes want the target's likeliest token, sampled or not
-                        choices = logits.argmax(-1).cpu().numpy()
-            if probe_nodes and len(tree):
+            path, bonus, choices = verify(target, state, tree, mask)
+            if state.probe_nodes and len(tree):
                 drafter.verified(tree, choices)
-            # 5. Commit: keep exactly the pending token and the accepted nodes in the KV cache.
-            target.commit(path)
-            stats.target_forwards += 1
-            stats.accepted_per_step.append(int(path.size))
-            stats.tree_sizes.append(len(tree))
-            k = path.size
-            seq[n : n + k] = tree.tokens[path]
-            seq[n + k] = bonus
-            produced = seq[n : n + k + 1]
-            stop = np.flatnonzero(np.isin(produced, eos))
-            if stop.size:
-                produced = produced[: stop[0] + 1]
-                done, finish_reason = True, "stop"
-            if constraint is not None:  # the end-of-turn too: a reply a grammar failure ended records it
-                constraint.advance(produced)
-            first = n
-            n += produced.size
-            if n - p >= max_new_tokens:
-                n = p + max_new_tokens
-                done = True
-            t_obs = time.perf_counter()
+            produced = commit(target, state, tree, path, bonus, stats)
+            t_observe = time.perf_counter()
             drafter.observe(produced)
-            stats.draft_s += time.perf_counter() - t_obs
-            pending = bonus
-            if on_tokens is not None and on_tokens(seq[first:n]) and not done:
-                done, finish_reason = True, "callback"
+            stats.draft_s += time.perf_counter() - t_observe
+            tell(on_tokens, state, produced)
         stats.decode_s = time.perf_counter() - t_decode
         if prefix_cache is not None:
-            prefix_cache.store(target, seq[: min(n, target.length)])
+            prefix_cache.store(target, state.seq[: min(state.n, target.length)])
     finally:
         threads.restore()
         drafter.finish()
+        if derived_cost:  # derived for this decode: a request decoded again gets the curve of its threads then
+            request.cost = None
     stats.threads_borrowed = threads.borrowed_max
-    stats.new_tokens = n - p
-    return Generation(tokens=seq[p:n].copy(), stats=stats, finish_reason=finish_reason)
+    stats.new_tokens = state.produced
+    return Generation(tokens=state.seq[state.prompt_len : state.n].copy(), stats=stats,
+                      finish_reason=state.finish_reason)
 
 
-def check_fits(prompt_tokens: int, max_new_tokens: int, max_context: int) -> None:
-    if prompt_tokens == 0:
-        raise ValueError("empty prompt")
-    if prompt_tokens + max_new_tokens > max_context:
-        raise ContextLengthError(
-            f"prompt of {prompt_tokens} tokens plus max_new_tokens={max_new_tokens} exceeds the model's context of "
-            f"{max_context} tokens: shorten the prompt or lower max_new_tokens"
-        )
+def start_state(target: TargetBackend, drafter: Drafter, request: Request) -> DecodeState:
+    """The request's decode state, and the target's cache reset to hold the prompt, the output and a tree."""
+    prompt = np.asarray(request.prompt_ids, dtype=np.int64)
+    max_new = request.max_new_tokens
+    budget = request.budget if request.budget is not None else DEFAULT_BUDGET
+    # The most nodes one forward takes (the invariant forward's limit, TargetBackend.max_tree_nodes); the probe
+    # count is known once the drafter has seen the request (its cost curve says how cheap extra rows are).
+    step_nodes = getattr(target, "max_tree_nodes", None)
+    probe_nodes = max(0, int(getattr(drafter, "probe_nodes", 0)))
+    if step_nodes is not None:
+        budget = min(budget, step_nodes)
+        probe_nodes = min(probe_nodes, step_nodes - budget)
+    sampling = request.sampling
+    capacity = prompt.size + max_new + budget + probe_nodes + 1
+    state = DecodeState(
+        seq=np.empty(capacity, dtype=np.int64), prompt_len=prompt.size, max_new=max_new, budget=budget,
+        probe_nodes=probe_nodes, eos=np.fromiter(request.eos_ids, dtype=np.int64), sampling=sampling,
+        # Trees are pruned to the tokens still wanted, so no node reaches past the last uniform.
+        uniforms=sampling.uniforms(max(max_new, 1)) if sampling is not None else None,
+        meter=SampledAcceptance() if sampling is not None else None,
+        constraint=request.constraint, n=prompt.size)
+    state.seq[: prompt.size] = prompt
+    target.reset(capacity)
+    return state
+
+
+def prefill(target: TargetBackend, state: DecodeState, prefix_cache: PrefixCache | None, threads: ThreadShare,
+            stats: GenerationStats) -> None:
+    """1. Prefill: the prompt into the KV cache; its last logits give the first produced token, the pending one."""
+    t0 = time.perf_counter()
+    prompt = state.seq[: state.prompt_len]
+    reused = prefix_cache.restore(target, prompt) if prefix_cache is not None else 0
+    threads.update()
+    if state.sampling is None and state.constraint is None:
+        token = target.prefill(prompt, start=reused, between_chunks=threads.update)
+    else:
+        logits = target.prefill_logits(prompt, start=reused, between_chunks=threads.update)
+        if state.constraint is not None:
+            logits = state.constraint.mask_next(logits)
+        token = int(logits.argmax()) if state.sampling is None else inverse_cdf(
+            target_distribution(logits.cpu(), state.sampling), float(state.uniforms[0]))
+        if state.constraint is not None:
+            state.constraint.advance([token])
+    stats.prefill_s = time.perf_counter() - t0
+    stats.prompt_tokens_reused = reused
+    stats.target_forwards = 1
+    state.seq[state.n] = state.pending = token
+    state.n += 1
+    if token in state.eos:
+        state.finish_reason = "stop"
+    elif state.max_new <= 1:
+        state.finish_reason = "length"
+
+
+def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> TokenTree:
+    """2. Draft: a tree below the pending token of at most `budget` nodes (plus probes), no deeper than the
+    tokens still wanted after the bonus token."""
+    remaining = state.max_new - state.produced
+    if remaining <= 1:
+        return TokenTree.empty()
+    t0 = time.perf_counter()
+    context = state.seq[: state.n]  # a view: drafters read the prompt and output as written, never re-tokenized
+    discount = state.meter.discount if state.meter is not None else 1.0
+    tree = build_tree(drafter.candidates(context), state.budget, drafter.cost, discount).pruned(state.budget,
+                                                                                               remaining - 1)
+    if state.probe_nodes:
+        tree = tree.extended(drafter.probes(context), len(tree) + state.probe_nodes, remaining - 1)
+    stats.draft_s += time.perf_counter() - t0
+    return tree
+
+
+def constrain(state: DecodeState, tree: TokenTree) -> tuple[TokenTree, torch.Tensor | None]:
+    """(the tree without the nodes the grammar forbids, (len(tree)+1, words) int32 the allowed tokens after the
+    pending token and after each node); (tree, None) without a grammar."""
+    if state.constraint is None:
+        return tree, None
+    return state.constraint.prune(tree)
+
+
+def verify_greedy(target: TargetBackend, state: DecodeState, tree: TokenTree,
+                  mask: torch.Tensor | None) -> tuple[np.ndarray, int, np.ndarray]:
+    """3. Verify, greedy: one forward over the pending token and every node; accepted the longest path the target
+    agrees with, then its own next token (oospec.engine.acceptance). (path, bonus, the target's choices)."""
+    if mask is None:
+        choices = target.verify(state.pending, tree)
+    else:
+        logits = state.constraint.apply(target.verify_logits(state.pending, tree), mask)
+        choices = logits.argmax(-1).cpu().numpy()
+    path, bonus = greedy_accept(tree, choices)
+    return path, bonus, choices
+
+
+def verify_sampled(target: TargetBackend, state: DecodeState, tree: TokenTree,
+                   mask: torch.Tensor | None) -> tuple[np.ndarray, int, np.ndarray | None]:
+    """3. Verify, sampled: one forward; accepted the path speculative sampling accepts, then the token it draws
+    after it (oospec.engine.speculative_sampling). The target's choices only where probes read them."""
+    logits = target.verify_logits(state.pending, tree)
+    if mask is not None:
+        logits = state.constraint.apply(logits, mask)
+    path, bonus = speculative_accept(tree, logits, state.sampling, state.uniforms[state.produced :], state.meter)
+    choices = logits.argmax(-1).cpu().numpy() if state.probe_nodes else None  # probes want the likeliest token
+    return path, bonus, choices
+
+
+def commit(target: TargetBackend, state: DecodeState, tree: TokenTree, path: np.ndarray, bonus: int,
+           stats: GenerationStats) -> np.ndarray:
+    """4. Commit: the KV cache keeps the pending token and the accepted nodes; the produced tokens (accepted, then
+    the bonus, cut after an end-of-turn token) join the sequence, the bonus becomes pending. Returns them."""
+    target.commit(path)
+    stats.target_forwards += 1
+    stats.accepted_per_step.append(int(path.size))
+    stats.tree_sizes.append(len(tree))
+    first, k = state.n, path.size
+    state.seq[first : first + k] = tree.tokens[path]
+    state.seq[first + k] = bonus
+    produced = state.seq[first : first + k + 1]
+    stop = np.flatnonzero(np.isin(produced, state.eos))
+    if stop.size:
+        produced = produced[: stop[0] + 1]
+        state.finish_reason = "stop"
+    if state.constraint is not None:  # the end-of-turn too: a reply that a grammar failure ended records it
+        state.constraint.advance(produced)
+    state.n = min(first + produced.size, state.prompt_len + state.max_new)
+    if state.finish_reason is None and state.produced >= state.max_new:
+        state.finish_reason = "length"
+    state.pending = bonus
+    return state.seq[first : state.n]
+
+
+def tell(on_tokens: OnTokens | None, state: DecodeState, tokens: np.ndarray) -> None:
+    """Hand a step's tokens to `on_tokens`; its True ends generation unless it has ended already."""
+    if on_tokens is not None and on_tokens(tokens) and state.finish_reason is None:
+        state.finish_reason = "callback"

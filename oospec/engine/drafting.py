@@ -31,8 +31,9 @@ from oospec.engine.tree import ROOT, TokenTree
 @dataclass
 class Request:
     """One request, stated once by whoever received it (the library, CLI, server, benchmark, vLLM): the engine
-    decodes it and its drafters read it. The engine fills `eos_ids` and `tokenizer` and renders `prompt_ids`
-    from `messages` and `chat_tools` when they are not given (Engine.prepare)."""
+    decodes this same object and its drafters read it. The engine fills `eos_ids`, `tokenizer` and `budget`, fits
+    `max_new_tokens` to the context and renders `prompt_ids` from `messages` and `chat_tools` when they are not
+    given, in place (Engine.prepare)."""
 
     prompt_ids: np.ndarray | None = None  # (p,) int64 token ids of the rendered prompt
     eos_ids: frozenset[int] = frozenset()  # tokens that end the turn
@@ -49,8 +50,8 @@ class Request:
     reference_tokens: np.ndarray | None = None
     max_new_tokens: int = 256  # the most tokens of the reply (the engine lowers it to what the context holds)
     budget: int | None = None  # the most draft nodes verified per forward; None: the engine's
-    # c(k)/c(1) of the target's verification forwards, which sizes cost-aware trees; None: generate() fills in
-    # the measured curve of the target's device, dtype and thread count (oospec.engine.budget).
+    # c(k)/c(1) of the target's verification forwards, which sizes cost-aware trees; None: decode.generate fills
+    # in the measured curve of the target's device, dtype and thread count for that decode (oospec.engine.budget).
     cost: CostModel | None = None
     # 0: greedy; > 0: sampled from the target's distribution after temperature, top_k (0: all) and top_p, seeded
     # by `seed` (speculatively with a drafter: the same distribution in fewer forwards).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -13,12 +13,11 @@ from oospec.engine.constraint import GrammarConstraint, GrammarVocabulary
 from oospec.engine.decode import Generation, OnTokens, generate
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import PrefixCache
-from oospec.engine.sampling import sample
 from oospec.engine.target import PREFILL_CHUNK, TargetBackend
 from oospec.errors import ContextLengthError, InvalidMessagesError
+from oospec.models.registry import DEFAULT_BUDGET
 from oospec.tools.call_grammar import call_grammar, forced_call_start
 from oospec.tools.chat_text import ClientText
-from oospec.models.registry import DEFAULT_BUDGET
 from oospec.tools.dialects import DEFAULT_DIALECT, Dialect, get_dialect
 
 CHAT_ROLES = ("system", "user", "assistant", "tool")
@@ -65,11 +64,22 @@ def render_chat(client: ClientText, messages: list[dict], tools: list[dict] | No
         raise InvalidMessagesError(f"the chat template rejected these messages: {exc}") from exc
 
 
+def fit_context(prompt_tokens: int, max_new_tokens: int, context: int) -> int:
+    """max_new_tokens lowered to what the context holds after the prompt; the engine's one context check.
+    ValueError for an empty prompt, ContextLengthError for one that leaves no room for a reply."""
+    if prompt_tokens == 0:
+        raise ValueError("empty prompt")
+    if prompt_tokens >= context:
+        raise ContextLengthError(f"the prompt has {prompt_tokens} tokens but the model's context is {context} tokens")
+    return min(max_new_tokens, context - prompt_tokens)
+
+
 class Engine:
     """One target model and its tokenizer; `generate` decodes with any drafter, losslessly: greedy output is
     token-identical to plain greedy, sampled output has plain sampling's distribution."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = DEFAULT_BUDGET, prefill_chunk: int = PREFILL_CHUNK):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, *, budget: int = DEFAULT_BUDGET,
+                 prefill_chunk: int = PREFILL_CHUNK):
         self.model = model
         self.tokenizer = tokenizer
         self.target = TargetBackend(model, prefill_chunk)
@@ -141,23 +151,19 @@ class Engine:
         return client.encode_array(render_chat(client, client.mark(messages), client.mark(tools)))
 
     def prepare(self, request: Request) -> Request:
-        """`request` ready to decode: its prompt rendered from the messages and chat tools when it has no ids,
-        checked against the context (ContextLengthError), max_new_tokens lowered to what the context holds, and
-        the engine's end-of-turn tokens and tokenizer filled in."""
-        prompt_ids = request.prompt_ids
-        if prompt_ids is None:
+        """`request` itself, made ready to decode: its prompt rendered from the messages and chat tools when it has
+        no ids, max_new_tokens fitted to the context (`fit_context`), the engine's budget when it has none, and the
+        engine's end-of-turn tokens and tokenizer filled in."""
+        if request.prompt_ids is None:
             if request.messages is None:
                 raise InvalidMessagesError("give either messages or prompt_ids")
-            prompt_ids = self.encode(request.messages, request.chat_tools)
-        prompt_ids = np.asarray(prompt_ids, dtype=np.int64).reshape(-1)
-        context = self.target.max_context
-        if prompt_ids.size >= context:
-            raise ContextLengthError(
-                f"the prompt has {prompt_ids.size} tokens but the model's context is {context} tokens"
-            )
-        return replace(request, prompt_ids=prompt_ids, eos_ids=self.eos_ids, tokenizer=self.tokenizer,
-                       max_new_tokens=min(request.max_new_tokens, context - prompt_ids.size),
-                       budget=request.budget or self.budget)
+            request.prompt_ids = self.encode(request.messages, request.chat_tools)
+        request.prompt_ids = np.asarray(request.prompt_ids, dtype=np.int64).reshape(-1)
+        request.max_new_tokens = fit_context(request.prompt_ids.size, request.max_new_tokens, self.target.max_context)
+        request.eos_ids = self.eos_ids
+        request.tokenizer = self.tokenizer
+        request.budget = request.budget or self.budget
+        return request
 
     def generate(self, request: Request | list[dict] | None = None, *, drafter: Drafter | None = None,
                  prefix_cache: PrefixCache | None = None, on_tokens: OnTokens | None = None,
@@ -175,14 +181,6 @@ class Engine:
             request = Request.chat(request, tools, **fields)
         elif tools is not None or fields:
             raise TypeError("give a Request, or messages with Request fields as keywords, not both")
-        request = self.prepare(request)
-        sampling = request.sampling
-        if sampling is not None and drafter is None:
-            gen = sample(self.target, request, request.max_new_tokens, sampling, prefix_cache=prefix_cache,
-                         on_tokens=on_tokens, constraint=request.constraint)
-        else:
-            gen = generate(self.target, drafter if drafter is not None else Drafter(), request, request.max_new_tokens,
-                           request.budget, prefix_cache=prefix_cache, on_tokens=on_tokens, sampling=sampling,
-                           constraint=request.constraint)
+        gen = generate(self.target, drafter, self.prepare(request), prefix_cache=prefix_cache, on_tokens=on_tokens)
         text = self.tokenizer.decode(gen.tokens, skip_special_tokens=True)
         return Result(text=text, generation=gen, prompt_tokens=int(request.prompt_ids.size))

@@ -15,8 +15,8 @@ no child is, the recovered token is y. This is the rule exactly, not an approxim
 given y != x1, y is distributed as the renormalised residual, so P(y = x2 | rejected x1) = r(x2); and given
 every child rejected, y is distributed as the final r. What it adds: the token at each output position is
 the inverse-CDF draw of that position's uniform, whatever the drafts were, so with the same seed speculative
-sampling returns exactly the tokens plain sampling (oospec.engine.sampling) returns, with any drafter, as
-greedy speculation returns plain greedy's. Temperature 0 never comes here: greedy_accept is that case.
+sampling returns exactly the tokens plain sampling (oospec.engine.decode with no drafter) returns, with any
+drafter, as greedy speculation returns plain greedy's. Temperature 0 never comes here: greedy_accept is that case.
 """
 
 from __future__ import annotations

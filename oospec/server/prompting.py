@@ -27,8 +27,8 @@ from functools import lru_cache
 
 from oospec.engine.constraint import GrammarConstraint, GrammarError, GrammarVocabulary, probe
 from oospec.engine.drafting import Request
-from oospec.engine.engine import render_chat, validate_messages
-from oospec.errors import InvalidMessagesError
+from oospec.engine.engine import fit_context, render_chat, validate_messages
+from oospec.errors import ContextLengthError, InvalidMessagesError
 from oospec.server.errors import bad_request, clip
 from oospec.server.schemas import ChatRequest
 from oospec.tools.call_grammar import call_grammar, forced_call_start
@@ -71,13 +71,12 @@ def build_request(engine, req: ChatRequest, *, default_max_tokens: int, budget: 
         ids = client.encode_array(render_chat(client, messages, template_tools) + forced)
     except InvalidMessagesError as exc:
         raise bad_request(str(exc), "messages") from None
-    context = engine.target.max_context
-    room = context - ids.size
-    if room < 1:
-        what = "messages and tools" if offer_tools else "messages"
-        raise bad_request(f"the {what} make a prompt of {ids.size} tokens, and the model's context is {context} "
-                          "tokens", "messages", code="context_length_exceeded")
     wanted = req.max_tokens if req.max_tokens is not None else default_max_tokens
+    try:
+        max_new_tokens = fit_context(ids.size, wanted, engine.target.max_context)
+    except ContextLengthError as exc:
+        what = "messages and tools" if offer_tools else "messages"
+        raise bad_request(f"{exc} (from the {what})", "messages", code="context_length_exceeded") from None
     parse_calls = req.tool_schemas is not None and req.tool_choice != "none"
     request = Request(
         prompt_ids=ids,
@@ -87,7 +86,7 @@ def build_request(engine, req: ChatRequest, *, default_max_tokens: int, budget: 
         # the sidecar renders its prompt from the messages and the tools as the template got them ([]: none, or
         # written into the messages)
         chat_tools=client.unmark(template_tools) or [],
-        max_new_tokens=min(wanted, room),
+        max_new_tokens=max_new_tokens,
         budget=budget,
         temperature=req.temperature,
         top_p=req.top_p,
