@@ -31,7 +31,14 @@ def test_dry_run_measures_every_figure(tmp_path):
     assert any(k.startswith("ar per token <=") for k in verdicts)
     # a CPU has no bound for c(1): named, not judged
     assert all(v is None for k, v in verdicts.items() if "no bound for" in k)
-    assert saved["graph_path"].startswith("present" if gpu_graph_check.graph_path() else "absent")
+    assert saved["graph_path"].startswith("present")
+    for shape in gpu_graph_check.TARGETS:  # on a CPU: the static forward run eagerly, compared bitwise
+        graph = saved["shapes"][shape]["graph_cost"]
+        assert graph["uses_graphs"] is False and graph["why_not"].startswith("device is cpu")
+        assert graph["bitwise_equal_trees"] == [True] * 4 and graph["c1_ms"] > 0
+        assert verdicts[f"{shape} graph path bitwise equal to the padded forward"] is True
+    assert saved["shapes"][gpu_graph_check.AR_SHAPE]["ar_graph"]["new_tokens"] == 24
+    assert "ar per token <= 1.2 x c(1) (graph)" in verdicts
 
 
 def test_out_of_time_steps_are_recorded_as_skipped(tmp_path):

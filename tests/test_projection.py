@@ -152,3 +152,19 @@ def test_command_labels_its_output_as_projected(tmp_path, capsys):
     assert (out / "projection.md").read_text() == markdown(saved)
     write(saved, tmp_path / "again")  # a saved report writes again unchanged
     assert json.loads((tmp_path / "again/projection.json").read_text()) == saved
+
+
+def test_costs_of_the_prepared_gpu_check(tmp_path):
+    """tests/gpu_graph_check.py's JSON prices a replay: the graph path's widths, the eager prefill, the sidecar job."""
+    check = {"device": "NVIDIA H100 80GB HBM3", "sidecar": {"job_s": 0.03}, "shapes": {"qwen2.5-1.5b": {
+        "eager_cost": {"c1_ms": 30.0, "c16_ms": 31.0, "c64_ms": 40.0, "c16_over_c1": 1.03, "prefill_s": 0.07,
+                       "prompt_len": 650},
+        "graph_cost": {"c1_ms": 2.0, "c16_ms": 2.1, "c64_ms": 3.0, "c16_over_c1": 1.05, "bitwise_equal_trees": [True]}}}}
+    path = tmp_path / "gpu_graph_check.json"
+    path.write_text(json.dumps(check))
+    costs = load_costs(path, "qwen2.5-1.5b", "graph")
+    assert costs.forward_s == pytest.approx({1: 0.002, 16: 0.0021, 64: 0.003}) and costs.prefill_s == {650: 0.07}
+    assert costs.sidecar_job_s == 0.03 and costs.device.startswith("NVIDIA H100")
+    assert load_costs(path, "qwen2.5-1.5b", "eager").forward(16) == pytest.approx(0.031)
+    with pytest.raises(ValueError, match="no measured graph costs"):
+        load_costs(path, "qwen2.5-7b", "graph")

@@ -24,7 +24,9 @@ LABEL = "PROJECTION (replay of CPU traces against measured GPU costs), not a mea
 REFERENCE = "ar"
 ORACLE = "oracle"
 TOOLSPEC = "toolspec"
-FORWARDS = ("padded", "stock")  # which forward's curve of a gpu_check.json prices the steps
+# Which forward's costs price the steps: of a gpu_check.json (tests/gpu_check.py) the stock or the padded forward,
+# of a gpu_graph_check.json (tests/gpu_graph_check.py) the padded forward run eagerly or replayed as a CUDA graph.
+FORWARDS = ("padded", "stock", "eager", "graph")
 
 
 @dataclass
@@ -95,6 +97,8 @@ def load_costs(path: str | Path, shape: str, forward: str = "padded", sidecar_jo
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {FORWARDS}")
     data = json.loads(Path(path).read_text())
+    if "shapes" in data:
+        return _graph_check_costs(data, path, shape, forward, sidecar_job_s)
     if "presets" in data:
         entry = data["presets"].get(shape)
         if not entry or f"{forward}_curve" not in entry:
@@ -112,6 +116,18 @@ def load_costs(path: str | Path, shape: str, forward: str = "padded", sidecar_jo
     return GpuCosts(device=device, source=f"{path} [{shape}, {forward} forward]",
                     forward_s={int(k): float(v) for k, v in curve["seconds"].items()}, prefill_s=prefill,
                     sidecar_job_s=job)
+
+
+def _graph_check_costs(data: dict, path, shape: str, forward: str, sidecar_job_s: float | None) -> GpuCosts:
+    entry = data["shapes"].get(shape, {})
+    cost, eager = entry.get(f"{forward}_cost"), entry.get("eager_cost", {})
+    if not isinstance(cost, dict) or "c1_ms" not in cost or "prefill_s" not in eager:
+        raise ValueError(f"{path} has no measured {forward} costs and eager prefill for {shape}")
+    widths = {int(k[1:-3]): v / 1000 for k, v in cost.items() if k.startswith("c") and k.endswith("_ms")}
+    sidecar = data.get("sidecar") or {}
+    job = sidecar_job_s if sidecar_job_s is not None else sidecar.get("job_s")
+    return GpuCosts(device=data.get("device", "?"), source=f"{path} [{shape}, {forward} forward]", forward_s=widths,
+                    prefill_s={int(eager["prompt_len"]): float(eager["prefill_s"])}, sidecar_job_s=job)
 
 
 def read_run(folder: str | Path) -> tuple[dict, list[dict]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from oospec.bench.projection import FORWARDS, LABEL, GpuCosts, load_costs
+from oospec.bench.projection import LABEL, GpuCosts, load_costs
 from oospec.bench.records import write_json
 
 
@@ -28,7 +28,7 @@ def oracle_tree_sizes(new_tokens: int, budget: int) -> list[int]:
     return sizes
 
 
-def check_measured(gpu_check: str | Path, forwards: tuple[str, ...] = FORWARDS) -> list[dict]:
+def check_measured(gpu_check: str | Path, forwards: tuple[str, ...] = ("padded", "stock")) -> list[dict]:
     """For every preset and forward of a gpu_check.json: the measured decode seconds of `ar` and the oracle runs,
     their projection from the file's own cost curve, and the error (projected / measured - 1)."""
     data = json.loads(Path(gpu_check).read_text())

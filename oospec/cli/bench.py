@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from oospec.bench.projection import ProjectionConfig  # stdlib only: cheap at parse time
+from oospec.bench.projection import FORWARDS, ProjectionConfig  # stdlib only: cheap at parse time
 from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # no torch, no vLLM: cheap at parse time
 from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
                                 add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
@@ -122,9 +122,11 @@ def add_project_parser(bench) -> None:
     p = add_command(bench, "project", "PROJECT tool-call benchmarks to a GPU: replay `bench run` traces against "
                                       "measured GPU costs (not a measurement)", PROJECT_EXAMPLE)
     p.add_argument("runs", nargs="+", metavar="RUN_FOLDER", help="`bench run` output folders")
-    p.add_argument("--costs", default=d.costs, help="tests/gpu_check.py's gpu_check.json or a `bench cost-curve` JSON")
+    p.add_argument("--costs", default=d.costs, help="tests/gpu_check.py's gpu_check.json, tests/gpu_graph_check.py's "
+                                                   "gpu_graph_check.json or a `bench cost-curve` JSON")
     p.add_argument("--shape", default=d.shape, help="the gpu_check preset whose costs price the runs' target")
-    p.add_argument("--forward", default=d.forward, choices=("padded", "stock"), help="whose cost curve prices a step")
+    p.add_argument("--forward", default=d.forward, choices=FORWARDS,
+                   help="whose costs price a step: padded/stock (gpu_check.json), eager/graph (gpu_graph_check.json)")
     p.add_argument("--sidecar-job-s", type=float, default=d.sidecar_job_s,
                    help="the sidecar's measured GPU job latency (default: the costs file's, else hints free)")
     p.add_argument("--tokenizer", default=d.tokenizer,
