@@ -139,3 +139,15 @@ def test_hidden_states_and_wide_forwards_take_the_padded_path(model):
     plain.reset(100)
     plain.prefill(np.arange(1, 30))
     assert torch.equal(out.logits, plain.verify_outputs(pending, tree, hidden_states=True).logits)
+
+
+def test_an_engine_opts_in_only_where_graphs_can_run(model):
+    from oospec.engine.cuda_graphs import enable_graphs
+    from oospec.engine.engine import Engine
+
+    engine = Engine(model, tokenizer=None)
+    before = engine.target
+    assert enable_graphs(engine) == "device is cpu: CUDA graphs need cuda" and engine.target is before
+    fake = FakeGraphs()
+    assert enable_graphs(engine, graph_api=fake) == "" and isinstance(engine.target, GraphTargetBackend)
+    assert engine.target.prefill_chunk == before.prefill_chunk and engine.target.uses_graphs

@@ -248,3 +248,14 @@ class GraphTargetBackend(TargetBackend):
         finally:
             s.active = False
         return out.logits
+
+
+def enable_graphs(engine, graph_api=None) -> str:
+    """Opt an Engine (oospec.engine.engine) into graph replay: its target becomes a GraphTargetBackend where
+    `graph_unavailable` allows (or a `graph_api` is given: tests). Returns '' when enabled, else the reason, the
+    engine left as it was."""
+    reason = graph_unavailable(engine.model)
+    if reason and graph_api is None:
+        return reason
+    engine.target = GraphTargetBackend(engine.model, engine.target.prefill_chunk, graph_api=graph_api)
+    return ""
