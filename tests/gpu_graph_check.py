@@ -13,7 +13,8 @@ recorded as skipped, so a run always ends with its JSON.
     python tests/gpu_graph_check.py --device cpu --out /tmp/graph-check    # dry run: tiny shapes, short prompts
 
 On the device machine a tokenizer travels as an ignored folder named in `carry`, e.g.
-`mkdir -p .gpu-carry && cp ~/.cache/oospec/models/qwen2.5-coder-0.5b/{tokenizer.json,tokenizer_config.json,chat_template.jinja} .gpu-carry/`
+    mkdir -p .gpu-carry && cd ~/.cache/oospec/models/qwen2.5-coder-0.5b && \
+        cp tokenizer.json tokenizer_config.json chat_template.jinja $OLDPWD/.gpu-carry/
 then `--tokenizer .gpu-carry`.
 """
 

@@ -19,9 +19,10 @@ CURVE = {"prompt_len": 100, "prefill_s": 0.05, "device_name": "Fake GPU", "secon
 
 
 def _record(method, sample, accepted, tree_sizes=None, prompt=200, draft_s=0.0, **extra):
-    rec = {"dataset": "synthetic", "sample_id": sample, "method": method, "new_tokens": 1 + len(accepted) + sum(accepted),
-           "target_forwards": 1 + len(accepted), "accepted_per_step": accepted, "prompt_tokens": prompt,
-           "prompt_tokens_reused": 0, "draft_s": draft_s, "e2e_s": 1.0, **extra}
+    rec = {"dataset": "synthetic", "sample_id": sample, "method": method,
+           "new_tokens": 1 + len(accepted) + sum(accepted), "target_forwards": 1 + len(accepted),
+           "accepted_per_step": accepted, "prompt_tokens": prompt, "prompt_tokens_reused": 0, "draft_s": draft_s,
+           "e2e_s": 1.0, **extra}
     if tree_sizes is not None:
         rec["tree_sizes"] = tree_sizes
     return rec
@@ -142,7 +143,8 @@ def test_command_labels_its_output_as_projected(tmp_path, capsys):
     records = [_record("ar", "a", [0] * 3, tree_sizes=[0] * 3), _record("toolspec", "a", [2], tree_sizes=[4])]
     folder = _run_folder(tmp_path, records)
     out = tmp_path / "projection"
-    assert main(["bench", "project", str(folder), "--costs", str(_costs_file(tmp_path)), "--out", str(out)]) in (0, None)
+    argv = ["bench", "project", str(folder), "--costs", str(_costs_file(tmp_path)), "--out", str(out)]
+    assert main(argv) in (0, None)
     printed = capsys.readouterr().out
     assert printed.startswith(f"# {LABEL}")
     saved = json.loads((out / "projection.json").read_text())
@@ -159,11 +161,13 @@ def test_costs_of_the_prepared_gpu_check(tmp_path):
     check = {"device": "NVIDIA H100 80GB HBM3", "sidecar": {"job_s": 0.03}, "shapes": {"qwen2.5-1.5b": {
         "eager_cost": {"c1_ms": 30.0, "c16_ms": 31.0, "c64_ms": 40.0, "c16_over_c1": 1.03, "prefill_s": 0.07,
                        "prompt_len": 650},
-        "graph_cost": {"c1_ms": 2.0, "c16_ms": 2.1, "c64_ms": 3.0, "c16_over_c1": 1.05, "bitwise_equal_trees": [True]}}}}
+        "graph_cost": {"c1_ms": 2.0, "c16_ms": 2.1, "c64_ms": 3.0, "c16_over_c1": 1.05,
+                       "bitwise_equal_trees": [True]}}}}
     path = tmp_path / "gpu_graph_check.json"
     path.write_text(json.dumps(check))
     costs = load_costs(path, "qwen2.5-1.5b", "graph")
-    assert costs.forward_s == pytest.approx({1: 0.002, 16: 0.0021, 64: 0.003}) and costs.prefill_s == {650: 0.07}
+    assert costs.forward_s == pytest.approx({1: 0.002, 16: 0.0021, 64: 0.003})
+    assert costs.prefill_s == {650: 0.07}
     assert costs.sidecar_job_s == 0.03 and costs.device.startswith("NVIDIA H100")
     assert load_costs(path, "qwen2.5-1.5b", "eager").forward(16) == pytest.approx(0.031)
     with pytest.raises(ValueError, match="no measured graph costs"):

@@ -18,8 +18,9 @@ oospec bench run --model smollm2-135m --dataset bfcl:simple_python --limit 5 --m
 SERVE_EXAMPLE = "oospec bench serve --model smollm2-135m --dataset apibank:1 --turns 4 --methods ar,toolspec"
 VLLM_EXAMPLE = """VLLM_CPU_KVCACHE_SPACE=4 .venv-vllm/bin/oospec bench vllm --model ~/.cache/oospec/models/qwen2.5-coder-1.5b \\
     --dataset apibank:1 --offset 8 --limit 20 --settings none,oospec,oracle --enforce-eager"""
-PROJECT_EXAMPLE = """oospec bench project experiments/results/cold-apibank-bf16-v12 experiments/results/cold-bfcl-bf16-v10 \\
-    --costs experiments/results/gpu-h200/gpu_check.json --shape qwen2.5-1.5b --out runs/projection"""
+PROJECT_EXAMPLE = """oospec bench project experiments/results/cold-apibank-bf16-v12 \\
+    experiments/results/cold-bfcl-bf16-v10 --costs experiments/results/gpu-h200/gpu_check.json \\
+    --shape qwen2.5-1.5b --out runs/projection"""
 
 
 def cmd_bench_cost_curve(args) -> None:
