@@ -72,6 +72,8 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
         "target_forwards": st.target_forwards,
         "tau": st.tau,
         "accepted_per_step": list(map(int, st.accepted_per_step)),
+        "tree_sizes": list(map(int, st.tree_sizes)),  # nodes each verification forward held (its price: c(1 + n))
+        "prompt_tokens": int(prompt_ids.size),
         "prefill_s": st.prefill_s,
         "prompt_tokens_reused": st.prompt_tokens_reused,  # restored from the session's prefix cache
         "decode_s": st.decode_s,

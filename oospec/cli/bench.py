@@ -1,4 +1,4 @@
-"""`oospec bench cost-curve | run | serve | vllm`: the parsers and what they call in oospec.bench; the options
+"""`oospec bench cost-curve | run | serve | vllm | project`: the parsers and what they call in oospec.bench; the options
 they share (the model, the items, the sidecar...) come from oospec.cli.options."""
 
 from __future__ import annotations
@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from oospec.bench.config import BenchConfig
+from oospec.bench.projection import FORWARDS, ProjectionConfig  # stdlib only: cheap at parse time
 from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # imports no vLLM (torch, through the datasets)
 from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
                                 add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
@@ -18,6 +19,9 @@ oospec bench run --model smollm2-135m --dataset bfcl:simple_python --limit 5 --m
 SERVE_EXAMPLE = "oospec bench serve --model smollm2-135m --dataset apibank:1 --turns 4 --methods ar,toolspec"
 VLLM_EXAMPLE = """VLLM_CPU_KVCACHE_SPACE=4 .venv-vllm/bin/oospec bench vllm --model ~/.cache/oospec/models/qwen2.5-coder-1.5b \\
     --dataset apibank:1 --offset 8 --limit 20 --settings none,oospec,oracle --enforce-eager"""
+PROJECT_EXAMPLE = """oospec bench project experiments/results/cold-apibank-bf16-v12 \\
+    experiments/results/cold-bfcl-bf16-v10 --costs experiments/results/gpu-h200/gpu_check.json \\
+    --shape qwen2.5-1.5b --out runs/projection"""
 
 
 def cmd_bench_cost_curve(args) -> None:
@@ -100,6 +104,49 @@ def cmd_bench_vllm(args) -> None:
         from oospec.bench.vllm import run
 
         run(args, selection)
+
+
+def cmd_bench_project(args) -> None:
+    from oospec.bench import projection_report
+    from oospec.bench.projection import project
+    from oospec.bench.run import invoked_command
+
+    cfg = ProjectionConfig(runs=args.runs, costs=args.costs, shape=args.shape, forward=args.forward,
+                           sidecar_job_s=args.sidecar_job_s, tokenizer=args.tokenizer,
+                           count_prompts=not args.no_prompt_count, host_time=not args.no_host_time, out=args.out)
+    report = project(cfg, command=invoked_command())
+    if args.check:
+        report["check_source"] = args.check
+        report["check"] = projection_report.check_measured(args.check)
+    print(projection_report.markdown(report))
+    if cfg.out:
+        folder = projection_report.write(report, cfg.out)
+        print(f"written to {folder}/projection.md and projection.json", file=sys.stderr)
+
+
+def add_project_parser(bench) -> None:
+    """`bench project`: CPU traces replayed against a GPU's measured costs (oospec/bench/projection.py)."""
+    d = ProjectionConfig()
+    p = add_command(bench, "project", "PROJECT tool-call benchmarks to a GPU: replay `bench run` traces against "
+                                      "measured GPU costs (not a measurement)", PROJECT_EXAMPLE)
+    p.add_argument("runs", nargs="+", metavar="RUN_FOLDER", help="`bench run` output folders")
+    p.add_argument("--costs", default=d.costs, help="tests/gpu_check.py's gpu_check.json, tests/gpu_graph_check.py's "
+                                                   "gpu_graph_check.json or a `bench cost-curve` JSON")
+    p.add_argument("--shape", default=d.shape, help="the gpu_check preset whose costs price the runs' target")
+    p.add_argument("--forward", default=d.forward, choices=FORWARDS,
+                   help="whose costs price a step: padded/stock (gpu_check.json), eager/graph (gpu_graph_check.json)")
+    p.add_argument("--sidecar-job-s", type=float, default=d.sidecar_job_s,
+                   help="the sidecar's measured GPU job latency (default: the costs file's, else hints free)")
+    p.add_argument("--tokenizer", default=d.tokenizer,
+                   help="counts the prompt tokens that records lack (default: each run's target)")
+    p.add_argument("--no-prompt-count", action="store_true", default=not d.count_prompts,
+                   help="do not count missing prompt tokens (prefill then priced at the curve's prompt length)")
+    p.add_argument("--no-host-time", action="store_true", default=not d.host_time,
+                   help="leave out the recorded drafting time")
+    p.add_argument("--check", metavar="GPU_CHECK_JSON", default=None,
+                   help="also replay that file's own ar and oracle runs and compare with their measured times")
+    p.add_argument("--out", default=d.out, help="folder for projection.md and projection.json")
+    p.set_defaults(func=cmd_bench_project)
 
 
 def add_vllm_parser(bench) -> None:
@@ -194,3 +241,4 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=cmd_bench_serve)
 
     add_vllm_parser(bench)
+    add_project_parser(bench)
