@@ -118,9 +118,9 @@ class Drafter:
 
     # Nodes a drafter may add to every tree beyond the budget to read the target's own predictions there rather
     # than to be accepted (`probes`); 0: it has none. The target verifies them like any node, so the output
-    # is the same whatever they hold. (A sidecar fused into the target reads its slot rows here. The
-    # untrained version, the target's guesses of later arguments behind "value ends, next key", was measured
-    # and removed on 2026-12-04: docs/results-history.md.)
+    # is the same whatever they hold. (A sidecar fused into the target reads its slot rows here; the untrained
+    # version, the target's own guesses behind "value ends, next key", saved no more than it cost:
+    # docs/results-history.md.)
     probe_nodes = 0
 
     def probes(self, context: np.ndarray) -> list[np.ndarray]:

