@@ -184,9 +184,9 @@ def render_template(template: str, messages, tools=None, add_generation_prompt=F
 
 def request_by_id(item_id: str, called=()):
     """A request known only by its id and its gold tools: what a manifest without content hashes checks."""
-    from oospec.sidecar.provenance import Request
+    from oospec.sidecar.provenance import ProvenanceRequest
 
-    return Request(item_id, [], [], frozenset(called))
+    return ProvenanceRequest(item_id, [], [], frozenset(called))
 
 
 def tree_mask(tree, start: int, rows: int) -> torch.Tensor:

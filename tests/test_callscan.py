@@ -6,8 +6,9 @@ import pytest
 from helpers import APIBANK_TOOLS
 
 from oospec.tools.callscan import CallPosition, CallScanner, Habits
-from oospec.tools.continuations import LABEL_ALONE, LABEL_HIT, PASTE_HIT, PASTE_ON, structure_continuations
+from oospec.tools.continuations import structure_continuations
 from oospec.tools.pasted import ShownTools, name_label, schema_entries
+from oospec.tools.profile import DialectProfile, Rate
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Param, Tool
 from oospec.tools.toolprior import tool_weights
@@ -288,6 +289,11 @@ ACCOUNT_PROMPT = ("1. Name: OpenBankAccount\nDescription: Open a bank account.\n
                   """'description': "The user's password."}}\n2. Name: Other\nParameters: {'x': {'type': 'int'}}""")
 
 
+# A target that copies the listing: pastes the schema in 12 calls of 100, the label as the name in 6 of 100.
+COPIES_LISTING = DialectProfile("listing", pasted_schema=Rate(12, 100), paste_continued=Rate(9, 10),
+                                listing_label=Rate(6, 100), label_alone=Rate(6, 10))
+
+
 def test_schema_entries_are_read_where_the_prompt_shows_a_tools_parameters():
     entries = schema_entries(ACCOUNT_PROMPT, [ACCOUNT])
     assert entries == {"OpenBankAccount": {
@@ -308,25 +314,29 @@ def test_the_schema_pasted_as_values_is_a_side_branch_and_followed_once_begun():
              '"description": "The user\'s password."}}}')
     scan = CallScanner(Habits().style)
     scan.feed('<tool_call>\n{"name": "OpenBankAccount"')
-    conts = structure_continuations(scan, [ACCOUNT], Habits(), "parameters", ("<tool_call>\n",), ValueSource(""), pasted)
+    conts = structure_continuations(scan, [ACCOUNT], Habits(), "parameters", ("<tool_call>\n",), ValueSource(""),
+                                    pasted, COPIES_LISTING)
     head = ', "parameters": {"account": '
     assert conts[0].text == head + '"'  # a value is still the likeliest
     side = [c for c in conts if c.text == head + paste]
-    assert len(side) == 1 and side[0].confidence == pytest.approx(0.9 * PASTE_HIT)
+    assert len(side) == 1 and side[0].confidence == pytest.approx(0.9 * COPIES_LISTING.pasted_schema.share)
     # Once the first value is a `{`, the rest of the paste comes first, through the call's close and its closer.
     scan.feed(head + '{"type": "str", "desc')
-    conts = structure_continuations(scan, [ACCOUNT], Habits(), "parameters", ("<tool_call>\n",), ValueSource(""), pasted)
-    assert conts[0].text == paste[len('{"type": "str", "desc'):] and conts[0].confidence == PASTE_ON
+    conts = structure_continuations(scan, [ACCOUNT], Habits(), "parameters", ("<tool_call>\n",), ValueSource(""),
+                                    pasted, COPIES_LISTING)
+    assert conts[0].text == paste[len('{"type": "str", "desc'):]
+    assert conts[0].confidence == COPIES_LISTING.paste_continued.share
     assert conts[1].text == conts[0].text + "\n</tool_call>" and conts[1].end_of_turn
     # A value written otherwise: no paste, before or after it (and none for a prompt that does not show them).
     other = CallScanner(Habits().style)
     other.feed('<tool_call>\n{"name": "OpenBankAccount", "parameters": {"account": "u1", "password": ')
-    conts = structure_continuations(other, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), pasted)
+    conts = structure_continuations(other, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), pasted,
+                                    COPIES_LISTING)
     assert conts and not any("description" in c.text for c in conts)
     scan = CallScanner(Habits().style)
     scan.feed('<tool_call>\n{"name": "OpenBankAccount"')
     assert not any("description" in c.text for c in structure_continuations(
-        scan, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), ShownTools({})))
+        scan, [ACCOUNT], Habits(), "parameters", (), ValueSource(""), ShownTools({}), COPIES_LISTING))
 
 
 def test_a_pretty_printing_target_pastes_the_schema_indented():
@@ -334,7 +344,8 @@ def test_a_pretty_printing_target_pastes_the_schema_indented():
     habits = Habits()
     scan = CallScanner(habits.style)
     scan.feed('```json\n{\n  "name": "OpenBankAccount",\n  "parameters": {\n    "account": {\n      "type": "str",\n')
-    conts = structure_continuations(scan, [ACCOUNT], habits, "parameters", (), ValueSource(""), pasted)
+    conts = structure_continuations(scan, [ACCOUNT], habits, "parameters", (), ValueSource(""), pasted,
+                                    COPIES_LISTING)
     assert conts[0].text == ('      "description": "The account identifier for the user."\n    },\n    "password": {\n'
                              '      "type": "str",\n      "description": "The user\'s password."\n    }\n  }\n}')
 
@@ -347,21 +358,22 @@ def test_the_listings_label_written_as_the_name_still_drafts_the_tools_arguments
     values = ValueSource("Open an account for me, my account is user7.")  # the dialogue points to OpenBankAccount
     scan = CallScanner(Habits().style)
     scan.feed('{"name": "')
-    conts = structure_continuations(scan, tools, Habits(), "parameters", (), values, shown)
+    conts = structure_continuations(scan, tools, Habits(), "parameters", (), values, shown, COPIES_LISTING)
     alone = [c for c in conts if c.text.startswith('Name", "parameters": {"account": "')]
-    assert alone and alone[0].confidence == pytest.approx(0.9 * LABEL_HIT * LABEL_ALONE)
+    assert alone and alone[0].confidence == pytest.approx(0.9 * 0.06 * 0.6)
     assert any(c.text.startswith('Name: QueryStock", "parameters": {"stock_code": "') for c in conts)
     assert conts[0].text.startswith("OpenBankAccount")  # a real name stays the likeliest
     # The label alone means the tool the dialogue points to; with a name, that tool: both draft its keys.
     scan.feed('Name", "parameters": {"account": "user7"')
-    assert structure_continuations(scan, tools, Habits(), "parameters", (), values, shown)[0].text \
+    assert structure_continuations(scan, tools, Habits(), "parameters", (), values, shown, COPIES_LISTING)[0].text \
         == ', "password": "'
     labelled = CallScanner(Habits().style)
     labelled.feed('{"name": "Name: QueryStock", "parameters": {')
-    assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, shown)[0].text \
+    assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, shown, COPIES_LISTING)[0].text \
         .startswith('"stock_code": "')
     # Without a label in the prompt, "Name" is a tool the request does not offer: nothing is drafted for it.
-    assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, ShownTools({})) == []
+    assert structure_continuations(labelled, tools, Habits(), "parameters", (), values, ShownTools({}),
+                                   COPIES_LISTING) == []
 
 
 def test_a_whole_date_written_is_drafted_on_with_the_time_the_request_names():

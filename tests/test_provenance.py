@@ -18,7 +18,7 @@ from oospec.bench.items import BenchError, Selection, load_datasets, select
 from oospec.bench.vllm_run import sidecar_adapter
 from oospec.datasets import load_dataset
 from oospec.sidecar.process import SidecarSettings, resolve_adapter
-from oospec.sidecar.provenance import (ADAPTERS_DIR, Request, content_section, not_held_out, request_hashes,
+from oospec.sidecar.provenance import (ADAPTERS_DIR, ProvenanceRequest, content_section, not_held_out, request_hashes,
                                        training_manifest)
 from oospec.tools.schema import to_openai
 from oospec.training.content import project_items, rehash_adapter, split_content, trace_request
@@ -138,7 +138,7 @@ def test_the_shipped_manifest_covers_its_training_items():
     assert len(fresh) >= 50 and all(manifest.overlap(trace_request(traces[i])) == [] for i in fresh)
     # Under any other id, a training request is still recognized.
     item = used[0]
-    renamed = Request("external-0", traces[item]["messages"], traces[item]["tools"], frozenset())
+    renamed = ProvenanceRequest("external-0", traces[item]["messages"], traces[item]["tools"], frozenset())
     assert manifest.overlap(renamed) == [f"its request is training item {item}"]
 
 
@@ -177,7 +177,7 @@ def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
     for trace in used:
         same.setdefault(request_hashes(trace["messages"], trace["tools"])[0], set()).add(trace["id"])
     for trace in used:
-        (why,) = manifest.overlap(Request("other-id", trace["messages"], trace["tools"], frozenset()))
+        (why,) = manifest.overlap(ProvenanceRequest("other-id", trace["messages"], trace["tools"], frozenset()))
         assert why.removeprefix("its request is training item ") in same[request_hashes(trace["messages"],
                                                                                          trace["tools"])[0]]
     assert all(manifest.overlap(trace_request(t)) == [] for t in split.traces["test"])
@@ -189,7 +189,7 @@ def test_a_new_split_writes_the_content_hashes_of_its_parts(tmp_path):
     by_id = {t["id"]: t for t in shipped_traces()}
     item = next(i for i in json.loads((SHIPPED / "data_manifest.json").read_text())["items"]["train"]
                 if i not in {t["id"] for t in traces})  # trained on by the shipped adapter only
-    renamed = Request("x", by_id[item]["messages"], by_id[item]["tools"], frozenset())
+    renamed = ProvenanceRequest("x", by_id[item]["messages"], by_id[item]["tools"], frozenset())
     expected = f"its request is training item {item} of adapter {SHIPPED.name}"
     assert training_manifest(folder).overlap(renamed) == [expected]
 

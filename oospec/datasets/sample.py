@@ -19,7 +19,7 @@ from typing import Any
 from oospec.engine.drafting import Request
 from oospec.errors import OospecError
 from oospec.sidecar.protocol import Job
-from oospec.sidecar.provenance import Request as ManifestRequest
+from oospec.sidecar.provenance import ProvenanceRequest
 from oospec.tools.dialects import ToolCall, get_dialect
 from oospec.tools.schema import Tool, to_openai
 
@@ -81,10 +81,10 @@ class Sample:
     def parse(self, text: str) -> list[ToolCall]:
         return get_dialect(self.dialect).parse(text)
 
-    def provenance_request(self) -> ManifestRequest:
+    def provenance_request(self) -> ProvenanceRequest:
         """What a sidecar adapter's training manifest is checked against: this item's request (by content) and
         the tools its gold calls."""
-        return ManifestRequest(self.id, self.messages, self.tools, frozenset(c.name for c in self.gold or []))
+        return ProvenanceRequest(self.id, self.messages, self.tools, frozenset(c.name for c in self.gold or []))
 
 
 class Samples(list[Sample]):

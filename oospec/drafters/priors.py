@@ -2,7 +2,7 @@
 
 Each candidate a drafter proposes carries a rough acceptance model (oospec.engine.drafting.Candidate): its first
 token is right with probability `confidence`, each further token with probability `persistence` given the ones
-before. The numbers are set by hand from benchmark traces (API-Bank, BFCL on Qwen2.5-Coder and SmolLM2); they
+before. The numbers are set by hand from benchmark traces (Qwen2.5-Coder and SmolLM2 targets); they
 only decide which nodes the token tree keeps (oospec.engine.budget), never the output, which the target
 verifies. The schema drafter's per-structure confidences live beside the structures themselves
 (oospec.tools.continuations).

@@ -17,6 +17,7 @@ from oospec.tools.callscan import CallScanner, Habits
 from oospec.tools.continuations import Continuation, structure_continuations
 from oospec.tools.dialects import DEFAULT_DIALECT, DIALECTS
 from oospec.tools.pasted import ShownTools
+from oospec.tools.profile import profile_for
 from oospec.tools.schema import Tool, tools_from_openai
 from oospec.tools.tokens import ContinuationEncoder, TokenBytes
 from oospec.tools.valuesource import ValueSource
@@ -56,9 +57,11 @@ class SchemaDrafter(Drafter):
         # Values are copied from what the user said, not from the system prompt (tool docs, examples).
         self.values = ValueSource("\n".join(m["content"] for m in request.messages or ()
                                              if m.get("role") != "system" and isinstance(m.get("content"), str)))
-        # The tools' schema entries, where the prompt shows them as text: what the target pastes at times.
+        # What the target copies from the prompt's listing of the tools, where its dialect's profile says it does.
+        self.profile = profile_for(self.dialect.name)
         self.shown = ShownTools.from_prompt("\n".join(m["content"] for m in request.messages or ()
-                                                if isinstance(m.get("content"), str)), self.tools)
+                                                if isinstance(m.get("content"), str)), self.tools) \
+            if self.profile.reads_listing else None
         self.utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self.reply: list[int] = []  # this request's ids: how the target spells added tokens (learn_spelling)
         self.spelled = False  # spelling learned from this request's opener already
@@ -96,7 +99,7 @@ class SchemaDrafter(Drafter):
         if not self.active:
             return []
         return structure_continuations(self.scanner, self.tools, self.habits, self.dialect.args_key,
-                                       self.dialect.openers, self.values, self.shown)
+                                       self.dialect.openers, self.values, self.shown, self.profile)
 
     def candidates(self, context: np.ndarray) -> list[Candidate]:
         out = []

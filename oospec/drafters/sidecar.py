@@ -156,7 +156,8 @@ class SidecarDrafter(Drafter):
         self.render = CallRenderer(habits.style, habits.args_key or dialect.args_key)
         opener = habits.openers[0] if habits.openers else dialect.opener
         chat_tools = request.chat_tools
-        in_prompt = request.tools_in_prompt if request.tools_in_prompt is not None else dialect.name == "apibank"
+        in_prompt = request.tools_in_prompt if request.tools_in_prompt is not None \
+            else self.schema.profile.tools_in_prompt
         if chat_tools is None and not in_prompt:  # the tools went through the chat template: so for the sidecar
             chat_tools = [to_openai(t) for t in tools]
         self.job = Job(request_id=uuid.uuid4().hex, messages=list(request.messages or []),

@@ -44,7 +44,7 @@ class Priors:
 
 PRIORS = Priors()
 SPEED_RECORD = "sidecar-speed.json"  # {speed_key: [[prompt tokens read, seconds], ...]} in oospec's cache
-TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (API-Bank prompts: 500-1000)
+TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (a prompt listing a few tools)
 
 
 class JobCost:

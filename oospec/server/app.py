@@ -18,7 +18,8 @@ from contextlib import asynccontextmanager
 
 import anyio
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -26,8 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from oospec.server.errors import APIError, JSONBody, clip, json_bytes
 from oospec.server.guard import APIKeyCheck, BodyGuard, RequestLog
 from oospec.server.schemas import ChatCompletion, ChatCompletionRequest, ErrorBody, to_chat_request, validation_error
-from oospec.server.service import Completion, ModelService, Work, sidecar_health
-from oospec.server.worker import Cancelled, QueuedRequest
+from oospec.server.service import Completion, ModelService, sidecar_health
+from oospec.server.worker import Cancelled, Work
 
 log = logging.getLogger("oospec.server")
 _DONE = object()
@@ -73,21 +74,21 @@ def create_app(service: ModelService) -> FastAPI:
     prepare_limiter: list[anyio.CapacityLimiter] = []  # made on first use, inside the event loop
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_request(request: Request, exc: RequestValidationError):
+    async def invalid_request(request: HTTPRequest, exc: RequestValidationError):
         error = validation_error(list(exc.errors()))
         return JSONBody(error.body(), status_code=error.status)
 
     @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError):
+    async def api_error(request: HTTPRequest, exc: APIError):
         return JSONBody(exc.body(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException):
+    async def http_error(request: HTTPRequest, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return JSONBody(APIError(exc.status_code, str(exc.detail), type=kind).body(), status_code=exc.status_code)
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
+    async def internal_error(request: HTTPRequest, exc: Exception):
         body = APIError(500, f"internal error: {type(exc).__name__}: {exc}", type="server_error").body()
         return JSONBody(body, status_code=500)
 
@@ -113,7 +114,7 @@ def create_app(service: ModelService) -> FastAPI:
         return model_card(service)
 
     @app.post("/v1/chat/completions", response_model=None, responses={200: {"model": ChatCompletion}, **_ERRORS})
-    async def chat_completions(body: ChatCompletionRequest, request: Request):
+    async def chat_completions(body: ChatCompletionRequest, request: HTTPRequest):
         note = request.scope.get("state", {}).get("oospec", {})
         req = to_chat_request(body, default_temperature=config.default_temperature)
         if req.model is not None and req.model != config.model_name and not config.accept_any_model:
@@ -125,19 +126,17 @@ def create_app(service: ModelService) -> FastAPI:
         note.update(id=work.id, method=config.method, prompt_tokens=int(work.request.prompt_ids.size))
         if service.sidecar is not None:  # the log line says whether this request could have had hints
             note["sidecar"] = sidecar_health(service.sidecar)["state"]
-        timeout_s = service.timeout_for(req)
         if req.stream:
-            return await _stream(service, work, timeout_s, request, note)
-        job = QueuedRequest(payload=work, timeout_s=timeout_s)
-        service.worker.submit(job)
-        completion = await _wait(job, request)
+            return await _stream(service, work, request, note)
+        service.worker.submit(work)
+        completion = await _wait(work, request)
         note_completion(note, completion)
         return completion_body(service, completion)
 
     return app
 
 
-async def _wait(job: QueuedRequest, request: Request) -> Completion:
+async def _wait(job: Work, request: HTTPRequest) -> Completion:
     """The job's result; cancels it when the client goes away or its time is up."""
     future = asyncio.wrap_future(job.future)
     try:
@@ -171,12 +170,12 @@ def note_completion(note: dict, c: Completion) -> None:
                 finish=c.finish_reason)
 
 
-async def _stream(service: ModelService, work: Work, timeout_s: float, request: Request,
+async def _stream(service: ModelService, work: Work, request: HTTPRequest,
                   note: dict) -> StreamingResponse:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job = QueuedRequest(payload=work, timeout_s=timeout_s,
-                        emit=lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs))
+    job = work
+    job.emit = lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs)
     service.worker.submit(job)  # before the response starts, so that 429 and 503 are real statuses
     job.future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, _DONE))
     chunks = ChunkWriter(service, work)

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from oospec.drafters import make_drafter, uses_sidecar
 from oospec.engine.decode import Generation
-from oospec.engine.drafting import Drafter, Request
+from oospec.engine.drafting import Drafter
 from oospec.engine.engine import Engine
 from oospec.engine.prefix_cache import PrefixCache
 from oospec.errors import OospecError
@@ -19,21 +18,10 @@ from oospec.server.errors import bad_request
 from oospec.server.prompting import build_request
 from oospec.server.reply import Reply, ReplyBuilder
 from oospec.server.schemas import ChatRequest
-from oospec.server.worker import Cancelled, QueuedRequest, Worker, timeout_error
+from oospec.server.worker import Cancelled, Work, Worker, timeout_error
 from oospec.tools.dialects import get_dialect
 
 log = logging.getLogger("oospec.server")
-
-
-@dataclass
-class Work:
-    """What the worker needs for one request: the client's request, and the engine's, built once from it."""
-
-    req: ChatRequest  # what the reply needs: stops, streaming, tool_choice, the tools' names
-    request: Request  # what the engine decodes (the call grammar of tool_choice required/function: single use)
-    forced_text: str  # the start of the reply the prompt forces ("" when tool_choice is none or auto)
-    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
-    created: int = field(default_factory=lambda: int(time.time()))
 
 
 @dataclass
@@ -76,7 +64,7 @@ class ModelService:
                               f"tokens can hold", "messages", code="context_length_exceeded")
         request, forced_text = build_request(self.engine, req, default_max_tokens=self.config.default_max_tokens,
                                              budget=self.config.budget)
-        return Work(req=req, request=request, forced_text=forced_text)
+        return Work(req=req, request=request, forced_text=forced_text, timeout_s=self.timeout_for(req))
 
     def timeout_for(self, req: ChatRequest) -> float:
         t = self.config.request_timeout_s
@@ -84,9 +72,8 @@ class ModelService:
 
     # -- on the worker thread --------------------------------------------------------------------------------
 
-    def execute(self, job: QueuedRequest) -> Completion:
-        work: Work = job.payload
-        req, request = work.req, work.request
+    def execute(self, work: Work) -> Completion:
+        job, req, request = work, work.req, work.request
         reply = ReplyBuilder(self.engine.tokenizer, stops=req.stop, forced_text=work.forced_text,
                              tool_names=[t.name for t in request.tools] if request.tools is not None else None,
                              dialect=get_dialect(request.dialect), parallel_tool_calls=req.parallel_tool_calls,

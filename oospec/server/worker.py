@@ -15,11 +15,16 @@ import queue
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from oospec.server.errors import APIError
+
+if TYPE_CHECKING:
+    from oospec.engine.drafting import Request
+    from oospec.server.schemas import ChatRequest
 
 log = logging.getLogger("oospec.server")
 MAX_RETRY_AFTER_S = 60  # the longest Retry-After a 429 carries
@@ -35,15 +40,20 @@ def timeout_error(timeout_s: float) -> APIError:
 
 
 @dataclass
-class QueuedRequest:
-    """One request waiting for (or in) the worker thread."""
+class Work:
+    """One request from admission to its reply, the worker queue's item: the client's request and the engine's,
+    built once from it, and the request's place in the queue."""
 
-    payload: Any  # what `execute` needs (the parsed request and its prompt)
-    timeout_s: float
+    req: ChatRequest  # what the reply needs: stops, streaming, tool_choice, the tools' names
+    request: Request  # what the engine decodes (the call grammar of tool_choice required/function: single use)
+    forced_text: str  # the start of the reply the prompt forces ("" when tool_choice is none or auto)
+    timeout_s: float  # from submission, queueing included
     emit: Callable[[list[tuple]], None] | None = None  # stream events, called from the worker thread
+    id: str = field(default_factory=lambda: "chatcmpl-" + uuid.uuid4().hex[:24])
+    created: int = field(default_factory=lambda: int(time.time()))
     cancel: threading.Event = field(default_factory=threading.Event)
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
-    submitted_at: float = field(default_factory=time.monotonic)
+    submitted_at: float = field(default_factory=time.monotonic)  # set again by Worker.submit
     started_at: float | None = None
 
     @property
@@ -61,12 +71,12 @@ _STOP = object()
 
 
 class Worker:
-    def __init__(self, execute: Callable[[QueuedRequest], Any], max_queue: int):
+    def __init__(self, execute: Callable[[Work], Any], max_queue: int):
         self.execute = execute
         self.max_queue = max_queue
         self._queue: queue.Queue = queue.Queue(maxsize=max(1, max_queue))
         self._accepting = True
-        self.running: QueuedRequest | None = None
+        self.running: Work | None = None
         self.recent_s: collections.deque[float] = collections.deque([1.0], maxlen=20)  # jobs' times, for Retry-After
         self.served = 0
         self.rejected = 0
@@ -78,12 +88,13 @@ class Worker:
     def waiting(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, job: QueuedRequest) -> None:
+    def submit(self, job: Work) -> None:
         if not self._accepting:
             raise APIError(503, "the server is shutting down", type="server_error", code="shutting_down")
         try:
             if self.max_queue <= 0:
                 raise queue.Full
+            job.submitted_at = time.monotonic()
             self._queue.put_nowait(job)
         except queue.Full:
             self.rejected += 1
@@ -109,7 +120,7 @@ class Worker:
                 return
             self._run(job)
 
-    def _run(self, job: QueuedRequest) -> None:
+    def _run(self, job: Work) -> None:
         # A future the waiting side cancelled (timeout, client gone) is not run.
         if job.cancel.is_set() or not job.future.set_running_or_notify_cancel():
             _settle(job.future, exc=Cancelled())

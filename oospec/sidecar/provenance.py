@@ -114,7 +114,7 @@ def request_hashes(messages: Sequence[Mapping], tools: Sequence[Tool | Mapping])
 
 
 @dataclass(frozen=True)
-class Request:
+class ProvenanceRequest:
     """A request as provenance sees it: its id names it in messages, its content identifies it."""
 
     id: str
@@ -123,7 +123,7 @@ class Request:
     called: frozenset[str]  # the tools its reference (gold or teacher) calls
 
 
-def used_hashes(requests: Iterable[Request], seen: set[str]) -> dict[str, str]:
+def used_hashes(requests: Iterable[ProvenanceRequest], seen: set[str]) -> dict[str, str]:
     """id -> its request's hash, then those of the earlier states of its dialogue not in `seen` (which grows):
     each hash is listed once, under the first request that contains it."""
     out = {}
@@ -134,7 +134,7 @@ def used_hashes(requests: Iterable[Request], seen: set[str]) -> dict[str, str]:
     return out
 
 
-def content_section(used: Iterable[Request], held_out: Iterable[Request], inherited: Mapping | None = None) -> dict:
+def content_section(used: Iterable[ProvenanceRequest], held_out: Iterable[ProvenanceRequest], inherited: Mapping | None = None) -> dict:
     """The manifest's `content`: the hashes of the used requests (each item's own first, then those of earlier
     states of its dialogue not listed before), the held-out (test) requests' hashes, the first used item that
     calls each tool, and what an adapter training started from used (`inherited`: adapter, items, tools and the
@@ -187,7 +187,7 @@ class TrainingManifest:
     held_out: frozenset[str] = frozenset()
     content: ContentIndex | None = None  # None: a manifest from before content hashes (checked by id)
 
-    def overlap(self, request: Request) -> list[str]:
+    def overlap(self, request: ProvenanceRequest) -> list[str]:
         """Why a request is not held out from this adapter (empty: it is): by its content where the manifest has
         content hashes, else by its id."""
         if self.content is None:
@@ -241,7 +241,7 @@ def training_manifest(adapter: str | Path | None, _seen: frozenset[str] = frozen
     return TrainingManifest(str(path), items, tools, held_out)
 
 
-def not_held_out(adapter: str | Path | None, requests: Iterable[Request]) -> list[dict]:
+def not_held_out(adapter: str | Path | None, requests: Iterable[ProvenanceRequest]) -> list[dict]:
     """{"sample_id", "why"} for each request the adapter's training manifest does not hold out (every command
     that runs benchmark items with a sidecar checks them here); empty when the adapter has no manifest."""
     manifest = training_manifest(adapter)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from oospec.tools.callscan import ARGS_EXPECT, CALL_EXPECT, CallPosition, CallScanner, Frame, Habits
 from oospec.tools.dialects import ARGS_KEYS, CALL_OPENERS
 from oospec.tools.pasted import LABEL_JOINT, ShownTools
+from oospec.tools.profile import DialectProfile
 from oospec.tools.render import CallRenderer, to_json
 from oospec.tools.schema import Param, Tool
 from oospec.tools.valuesource import ValueSource
@@ -29,30 +30,24 @@ class Continuation:
 
 def structure_continuations(
     scan: CallScanner, tools: Sequence[Tool], habits: Habits, default_args_key: str, default_openers: Sequence[str],
-    values: ValueSource | None = None, shown: ShownTools | None = None,
+    values: ValueSource | None = None, shown: ShownTools | None = None, profile: DialectProfile | None = None,
 ) -> list[Continuation]:
     """The text the schema makes likely next, most likely first; [] where only values can follow. `shown`: what
-    the prompt's turns show of the tools, which the target may copy (oospec.tools.pasted)."""
-    return _Continuations(scan, tools, habits, default_args_key, default_openers, values, shown).continuations()
+    the prompt's turns show of the tools, which the target may copy (oospec.tools.pasted), as often as the
+    dialect's `profile` says (no copy is drafted without one)."""
+    return _Continuations(scan, tools, habits, default_args_key, default_openers, values, shown,
+                          profile).continuations()
 
 
 # How often a whole value guessed before it begins is the value (the first guess, the second): measured against
-# the gold calls of the API-Bank and BFCL items the sidecar trained on (1,231 string values;
-# docs/results-history.md, 2026-12-06). Named for the argument: 81% / 30%; the request's dates for a date or time
+# the gold calls of the items the sidecar trained on, every dataset together (1,231 string values;
+# docs/results-history.md). Named for the argument: 81% / 30%; the request's dates for a date or time
 # argument: 52% / 14%; the strings the user quoted: 15% / 9%.
 NAMED_HITS = (0.8, 0.3)
 DATE_HITS = (0.5, 0.15)
 QUOTED_HITS = (0.15, 0.1)
 NUMBER_HITS = (0.55, 0.2)  # see ValueSource.next_numbers
 RUN_ON_VALUES = 2  # a guessed value's draft runs on through at most this many further named values
-# The schema pasted as the values (oospec.tools.pasted): at the first value, in 21 of 169 API-Bank training calls
-# whose prompt shows the entries; once begun, every further value pasted too (21 of 21).
-PASTE_HIT = 0.12
-PASTE_ON = 0.9
-# The listing's label as the function name (oospec.tools.pasted.name_label): 9 of 141 API-Bank level-1 training
-# calls; of the 10 in all sets, 6 the label alone, 4 the label and the tool's name.
-LABEL_HIT = 0.06
-LABEL_ALONE = 0.6
 
 
 def _temporal(param: Param | None) -> bool:
@@ -69,10 +64,17 @@ def likeliest(nexts: list[Continuation]) -> list[Continuation]:
 
 
 class _Continuations:
-    def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None, shown=None):
+    def __init__(self, scan, tools, habits, default_args_key, default_openers, values=None, shown=None,
+                 profile=None):
         self.values = values
-        self.pasted = shown.entries if shown is not None else {}
-        self.label = shown.label if shown is not None else None
+        profile = profile or DialectProfile("")
+        # Each habit's share of the branch it leaves (0: not drafted).
+        self.paste_hit = profile.pasted_schema.share if profile.pasted_schema else 0.0
+        self.paste_on = profile.paste_continued.share if profile.paste_continued else 0.0
+        self.label_hit = profile.listing_label.share if profile.listing_label else 0.0
+        self.label_alone = profile.label_alone.share if profile.label_alone else 0.0
+        self.pasted = shown.entries if shown is not None and self.paste_hit > 0 else {}
+        self.label = shown.label if shown is not None and self.label_hit > 0 else None
         self.scan, self.tools, self.habits = scan, tools, habits
         self.style = habits.style
         self.args_key = scan.args_key or habits.args_key or default_args_key
@@ -152,24 +154,25 @@ class _Continuations:
         return max(self.tools, key=lambda t: weights.get(t.name, 0.0))
 
     def labelled_names(self, prefix: str) -> list[Continuation]:
-        """The listing's label written as the name (LABEL_HIT where nothing is written yet): alone, with the
+        """The listing's label written as the name (`label_hit` where nothing is written yet): alone, with the
         arguments of the tool the dialogue points to, or followed by each tool's name."""
         label = self.label
         if not label or not (label.startswith(prefix) or prefix.startswith(label)):
             return []
-        hit = LABEL_HIT if len(prefix) < len(label) else 1.0
+        hit = self.label_hit if len(prefix) < len(label) else 1.0
         out = []
         if len(prefix) <= len(label):
             tool = self.likeliest_tool()
             if tool is not None:
-                out += self.opening(label[len(prefix) :] + '"' + self.after_name(tool), tool, 0.9 * hit * LABEL_ALONE)
+                out += self.opening(label[len(prefix) :] + '"' + self.after_name(tool), tool,
+                                    0.9 * hit * self.label_alone)
         written = prefix[len(label) :] if len(prefix) > len(label) else ""
         head = label[len(prefix) :] if len(prefix) < len(label) else ""
         prior = self.values.tool_weights(self.tools) if self.values is not None else {}
         for t in self.tools:
             full = LABEL_JOINT + t.name
             if full.startswith(written) and full != written:
-                share = (1 - LABEL_ALONE) * prior.get(t.name, 1.0 / len(self.tools))
+                share = (1 - self.label_alone) * prior.get(t.name, 1.0 / len(self.tools))
                 out += self.opening(head + full[len(written) :] + '"' + self.after_name(t), t, 0.9 * hit * share)
         return out
 
@@ -182,16 +185,16 @@ class _Continuations:
 
     def paste_from_first(self, text: str, param: Param, tool: Tool, confidence: float) -> list[Continuation]:
         """`text`, which ends at the first argument's value (its opener included), with the schema pasted from
-        there instead: a side branch (PASTE_HIT)."""
+        there instead: a side branch (`paste_hit`)."""
         pasted = self.paste(tool)
         opener = self.render.value_open(param)
         if pasted is None or param is not tool.parameters[0] or not text.endswith(opener):
             return []
         lead = self.style.ws("{", 2) + self.render.key(param.name, 2)
-        return [Continuation(text[: len(text) - len(opener)] + pasted[len(lead) :], confidence * PASTE_HIT)]
+        return [Continuation(text[: len(text) - len(opener)] + pasted[len(lead) :], confidence * self.paste_hit)]
 
     def mid_paste(self) -> list[Continuation]:
-        """Once the target has begun pasting the schema as the first value, the rest of the paste (PASTE_ON)."""
+        """Once the target has begun pasting the schema as the first value, the rest of the paste (`paste_on`)."""
         tool = self.tool_named(self.scan.name)
         pasted = self.paste(tool) if tool is not None and tool.parameters and self.scan.depth >= 2 else None
         if pasted is None:
@@ -203,8 +206,8 @@ class _Continuations:
         if len(args) <= len(lead) or not pasted.startswith(args) or len(pasted) == len(args):
             return []
         rest = pasted[len(args) :]
-        return [Continuation(rest, PASTE_ON)] + [Continuation(rest + c.text, c.confidence * PASTE_ON, True)
-                                                for c in self.closings(1.0)]
+        return [Continuation(rest, self.paste_on)] + [
+            Continuation(rest + c.text, c.confidence * self.paste_on, True) for c in self.closings(1.0)]
 
     def run_on(self, tool: Tool | None, done: Sequence[str], depth: int = 0) -> str:
         """What follows a guessed value of `tool`'s call whose keys `done` are written: the next key in schema order,

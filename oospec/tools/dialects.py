@@ -8,11 +8,11 @@ back (`parse`, through the one extractor below). Dialects:
 - ``hermes``: Qwen2.5 / Hermes ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``, byte-for-byte
   what the Qwen2.5 chat template renders for an assistant message with ``tool_calls``; several calls are
   separate blocks joined by a newline.
-- ``apibank``: ToolSpec's API-Bank format, ``<tool_call>\\n{"name": ..., "parameters": {...}}\\n</tool_call>``
+- ``apibank``: ToolSpec's prompt format, ``<tool_call>\\n{"name": ..., "parameters": {...}}\\n</tool_call>``
   with several calls one JSON object per line inside a single block (as the prompt's output format asks and
   as earlier calls appear in the dialogue history).
 - ``llama3_json``: Llama-3.1/3.2 JSON tool calls, ``{"name": ..., "parameters": {...}}`` (several joined by ``; ``).
-- ``pythonic``: BFCL prompting style, ``[func(a=1, b="x"), other(c=[1, 2])]``, parsed with ``ast``.
+- ``pythonic``: Python call syntax, ``[func(a=1, b="x"), other(c=[1, 2])]``, parsed with ``ast``.
 
 JSON is written as chat templates' ``tojson`` writes it: ``json.dumps(..., ensure_ascii=False)`` with
 ``", "`` and ``": "`` separators, keys in insertion (schema) order. Parsers are lenient: they find calls
@@ -59,7 +59,7 @@ class ToolCall:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ToolCall:
         """From ``{"name", "arguments"|"parameters"}``, OpenAI ``{"function": {...}}`` (arguments may be a JSON string)
-        or BFCL ``{"func": {args}}``."""
+        or ``{"func": {args}}`` (the function's name as the key)."""
         call = _call_from_obj(d)
         if call is None and isinstance(d, Mapping) and len(d) == 1:
             (name, args), = d.items()
@@ -228,7 +228,7 @@ class HermesDialect(Dialect):
 
 
 class ApiBankDialect(Dialect):
-    """ToolSpec's API-Bank prompt format: one ``<tool_call>`` block, one JSON object per line."""
+    """ToolSpec's prompt format: one ``<tool_call>`` block, one JSON object per line."""
 
     name = "apibank"
     # The prompt asks for a <tool_call> block; models also fence the JSON or write it bare.
@@ -256,7 +256,7 @@ class Llama3JsonDialect(Dialect):
 
 
 class PythonicDialect(Dialect):
-    """BFCL prompting format ``[f(a=1), g(b="x")]``; also reads a bare ``f(a=1)``."""
+    """Python call syntax ``[f(a=1), g(b="x")]``; also reads a bare ``f(a=1)``."""
 
     name = "pythonic"
     call_prefix = "["
@@ -402,7 +402,7 @@ def validate(call: ToolCall, tools: Sequence[Tool] | Mapping[str, Tool], *, coer
     wrong types, values outside an enum (checked recursively). Empty when the call is valid.
 
     ``coerce_strings`` accepts strings that read as the declared type (``"3"`` for an integer, ``"[1, 2]"`` for
-    an array), which is how API-Bank writes every gold value."""
+    an array), which is how some datasets write every gold value."""
     by_name = dict(tools) if isinstance(tools, Mapping) else {t.name: t for t in tools}
     tool = by_name.get(call.name)
     if tool is None:

@@ -1,17 +1,17 @@
 """What a target copies from the prompt's listing of the tools instead of writing the call it means.
 
-The schema pasted as the argument values.
+The schema pasted as the argument values. Where the prompt shows each tool's parameters as text
+(`Parameters: {'token': {'type': 'str', 'description': "User's token."}, ...}` in the system turn), a target may
+answer by pasting that schema as the values, `"token": {"type": "str", "description": "User's token."}`, and once
+it has pasted the first it pastes every argument. A drafter that offers the paste as a branch at the first value,
+and follows it through once it has begun, drafts those calls as fast as any other; `schema_entries` reads the
+entries the target would paste from the prompt.
 
-Where the prompt shows each tool's parameters as text (API-Bank: `Parameters: {'token': {'type': 'str',
-'description': "User's token."}, ...}` in the system turn), Qwen2.5-Coder-1.5B answers 21 of the 169 API-Bank
-calls of the sidecar's training traces by pasting that schema as the values, `"token": {"type": "str",
-"description": "User's token."}`, and always for every argument once for the first (21 of 21). A drafter that
-offers the paste as a branch at the first value, and follows it through once it has begun, drafts those calls
-as fast as any other; `schema_entries` reads the entries the target would paste from the prompt.
+The listing's label written as the function name. Where each tool is listed as `1. Name: DeleteAgenda`, a
+target may name its call `"Name"` (with the arguments of the tool it means) or `"Name: DeleteAgenda"`;
+`name_label` finds such a label.
 
-The listing's label written as the function name. Where each tool is listed as `1. Name: DeleteAgenda`, the
-target names 9 of the 141 API-Bank level-1 calls of the training traces `"Name"` (with the arguments of the tool
-it means) or `"Name: DeleteAgenda"`; `name_label` finds such a label.
+Whether a target does either, and how often, is its dialect's profile's to say (oospec.tools.profile).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _literal(text: str) -> Any:
 
 
 def name_label(text: str, tools: Sequence[Tool]) -> str | None:
-    """The word the prompt writes before every tool's name as `<word>: <name>` (API-Bank's "Name"), or None."""
+    """The word the prompt writes before every tool's name as `<word>: <name>` ("Name"), or None."""
     labels = set()
     for tool in tools:
         found = re.search(r"(\w+):[ \t]*" + re.escape(tool.name) + r"\b", text)

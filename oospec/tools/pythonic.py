@@ -1,5 +1,5 @@
-"""Tool calls in Python syntax (BFCL's prompting format): values written as Python literals, calls read back
-with `ast` as BFCL's own decoder reads them."""
+"""Tool calls in Python syntax (`[f(a=1), g(b="x")]`): values written as Python literals, calls read back with
+`ast`, as evaluators of this format read them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 
 def py_literal(value: Any) -> str:
-    """A Python literal for a JSON-like value, strings double-quoted as models write them in BFCL."""
+    """A Python literal for a JSON-like value, strings double-quoted as models write them."""
     if isinstance(value, bool):
         return "True" if value else "False"
     if value is None:
@@ -54,7 +54,7 @@ def _ast_value(node: ast.AST) -> Any:
                 pass
         if isinstance(node, ast.Name) and node.id in ("true", "false", "null"):
             return {"true": True, "false": False, "null": None}[node.id]
-        return ast.unparse(node)  # a variable or expression: keep its source, as BFCL does
+        return ast.unparse(node)  # a variable or expression: keep its source
     return detuple(value)
 
 
@@ -74,7 +74,7 @@ def _call_from_ast(node: ast.AST) -> tuple[str, dict[str, Any]] | None:
     name = _dotted_name(node.func)
     if name is None:
         return None
-    # Positional arguments are ignored, as in BFCL's decoder; only keywords carry names.
+    # Positional arguments are ignored, as evaluators of this format ignore them; only keywords carry names.
     return name, {kw.arg: _ast_value(kw.value) for kw in node.keywords if kw.arg is not None}
 
 

@@ -1,7 +1,7 @@
 """One internal tool schema (Tool, Param), read from and written to OpenAI / JSON-Schema tools.
 
-Dataset formats that describe tools otherwise (API-Bank prose, ToolAlpaca OpenAPI) are read in
-oospec.datasets, on top of ``param_from_json_schema``.
+Formats that describe tools otherwise (prose listings, OpenAPI documents) are read in oospec.datasets, on
+top of ``param_from_json_schema``.
 
 Parameter order is preserved everywhere: a model writes arguments in schema order, so drafting
 relies on it.
@@ -41,7 +41,7 @@ class _NoDefault:
 NO_DEFAULT: Any = _NoDefault()
 """Marker for a parameter without a default (``None`` is a legitimate default)."""
 
-# Type names seen in JSON Schema, BFCL (python/java/js flavours), API-Bank and ToolAlpaca prose.
+# Type names seen in JSON Schema, in Python, Java and JavaScript flavoured function lists, and in prose listings.
 _TYPE_ALIASES = {
     "string": "string", "str": "string", "text": "string", "char": "string", "character": "string",
     "date": "string", "datetime": "string", "time": "string", "url": "string", "uri": "string",
@@ -182,7 +182,7 @@ def param_from_json_schema(name: str, schema: Any, where: str) -> Param:
         if len(kinds) > 1:
             extra["type"] = list(raw_type)  # keep the union for to_openai
     elif raw_type is None or (isinstance(raw_type, str) and not raw_type.strip()):
-        # A blank type says as little as a missing one (BFCL simple_javascript_23 has `"type": ""`), so
+        # A blank type says as little as a missing one (function lists do write `"type": ""`), so
         # both are inferred from the rest of the schema rather than failing the whole tool list.
         union = schema.get("anyOf") or schema.get("oneOf")
         if isinstance(union, list) and union and all(isinstance(u, Mapping) for u in union):
@@ -287,7 +287,7 @@ def tool_from_openai(spec: Mapping[str, Any]) -> Tool:
         raise SchemaError(f"{where}: parameters must be an object schema, got {type(params_schema).__name__}")
     top_type = params_schema.get("type", "object")
     if not isinstance(top_type, str) or _TYPE_ALIASES.get(top_type.lower()) != "object":
-        raise SchemaError(f"{where}: parameters must have type 'object' (or BFCL's 'dict'), got {top_type!r}")
+        raise SchemaError(f"{where}: parameters must have type 'object' (or 'dict'), got {top_type!r}")
     props = params_schema.get("properties", {})
     if props is None:
         props = {}
@@ -302,7 +302,7 @@ def tool_from_openai(spec: Mapping[str, Any]) -> Tool:
 
 
 def tools_from_openai(specs: Iterable[Mapping[str, Any]] | Mapping[str, Any]) -> list[Tool]:
-    """Tools from a list of OpenAI / BFCL / bare JSON-Schema function definitions (or a single one)."""
+    """Tools from a list of OpenAI / Python-typed ('dict') / bare JSON-Schema function definitions (or a single one)."""
     if isinstance(specs, Mapping):
         specs = [specs]
     if isinstance(specs, str | bytes):

@@ -4,9 +4,9 @@ With several tools offered, drafts that split their confidence evenly among the 
 of each, and the name costs a forward of its own. Two signals order the tools instead: the words of a tool's name
 and description that the dialogue uses (the latest turns counting double), and whether the dialogue already shows
 a call to it (an agent's next step is mostly another tool: authenticate, then act). Measured against the gold calls
-of the API-Bank items with two or more tools that the sidecar trained on (258 requests, 2.5 tools each): the first
-tool of this order is the called one in 76% (even odds: 40%), one of the first two in 96% (docs/results-history.md,
-"Values guessed before they begin"). The weights only shape the draft tree; the target chooses the name.
+of the items with two or more tools that the sidecar trained on (258 requests, 2.5 tools each): the first tool of
+this order is the called one in 76% (even odds: 40%), one of the first two in 96%; docs/results-history.md. The
+weights only shape the draft tree; the target chooses the name.
 """
 
 from __future__ import annotations

@@ -205,8 +205,8 @@ class ValueSource:
     def next_numbers(self, written: str, limit: int | None = None) -> list[str]:
         """The request's numbers, in its order, after the last of them that `written` (a call's text so far) uses,
         less those it uses (at most `limit`): an API's numeric arguments mostly come in the order the request gives
-        them (the first of these is the value in 57% of the numeric arguments of the API-Bank and BFCL items the
-        sidecar trained on, the second in 21%; docs/results-history.md, "Values guessed before they begin")."""
+        them (the first of these is the value in 57% of the numeric arguments of the items the sidecar trained
+        on, the second in 21%; docs/results-history.md)."""
         used = set(self._NUMBER.findall(written))
         first = self._first_positions
         last = max((first[n] for n in used if n in first), default=-1)

@@ -10,13 +10,13 @@ from pathlib import Path
 
 from oospec.datasets import Sample
 from oospec.errors import OospecError
-from oospec.sidecar.provenance import ADAPTERS_DIR, Request, content_section, training_manifest, used_hashes
+from oospec.sidecar.provenance import ADAPTERS_DIR, ProvenanceRequest, content_section, training_manifest, used_hashes
 from oospec.training.split import PARTS, TraceSplit, teacher_calls
 from oospec.training.traces import read_traces
 
 
-def trace_request(trace: Mapping) -> Request:
-    return Request(trace["id"], trace["messages"], trace["tools"],
+def trace_request(trace: Mapping) -> ProvenanceRequest:
+    return ProvenanceRequest(trace["id"], trace["messages"], trace["tools"],
                    frozenset(c["name"] for c in teacher_calls(trace)))
 
 
