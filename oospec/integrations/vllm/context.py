@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oospec.datasets.apibank import tools_from_apibank_prompt
+from oospec.tools.profile import profile_for
 from oospec.tools.dialects import DEFAULT_DIALECT, DIALECTS
 from oospec.tools.schema import Tool, tools_from_openai
 
@@ -55,7 +56,7 @@ def context_from_extra_args(extra_args: dict | None) -> RequestContext | None:
     messages = [m for m in messages if isinstance(m, dict)] if isinstance(messages, list) else None
     dialect = sent.get("dialect") if sent.get("dialect") in DIALECTS else None
     return RequestContext(tools=tools, messages=messages, dialect=dialect,
-                          tools_in_prompt=dialect == "apibank" or None, tool_choice=sent.get("tool_choice"))
+                          tools_in_prompt=profile_for(dialect).tools_in_prompt or None, tool_choice=sent.get("tool_choice"))
 
 
 def context_json(tools: list[dict] | None, messages: list[dict] | None, tool_choice: Any = None,
