@@ -3,6 +3,7 @@ tool results and tool schemas are tokenized as plain text, so the prompt has exa
 the same request without them; and a prompt without such strings has the very ids it had before."""
 
 import copy
+import functools
 import json
 from types import SimpleNamespace
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 from helpers import QWEN25_CHAT_TEMPLATE, WEATHER, tiny_model
 
+from oospec.engine.constraint import GrammarVocabulary
 from oospec.engine.engine import Engine
 from oospec.server.prompting import build_request
 from oospec.server.schemas import parse_chat_request
@@ -94,8 +96,14 @@ PLACES = ["system", "user", "assistant", "tool result", "call arguments", "call 
 def server_request(tokenizer, req):
     """The server's (Request, forced text) for a parsed request, rendered by `tokenizer` alone (no model)."""
     engine = SimpleNamespace(tokenizer=tokenizer, target=SimpleNamespace(max_context=10**6),
-                             call_constraint=lambda *args, **kwargs: None)
+                             call_constraint=lambda *args, **kwargs: None,
+                             grammar_vocabulary=lambda: grammar_vocabulary(tokenizer))  # forced calls are probed
     return build_request(engine, req, default_max_tokens=1, budget=1)
+
+
+@functools.cache
+def grammar_vocabulary(tokenizer):
+    return GrammarVocabulary(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
 
 
 @pytest.mark.parametrize("where", PLACES)

@@ -232,7 +232,10 @@ def probe(vocabulary: GrammarVocabulary, grammar: str, forced_text: str = "", st
         if not constraint._fill(row):
             return constraint._error()
         bits = np.unpackbits(row.numpy().view(np.uint8), bitorder="little")[: vocabulary.vocab_size]
+        bits[list(vocabulary.eos_ids)] = 0  # the end of the turn ends a walk; it is not a step into the grammar
         allowed = np.flatnonzero(bits)
+        if not allowed.size:
+            return None
         structural = allowed[np.isin(allowed, punctuation)]
         token = int(rng.choice(structural if structural.size else allowed))
         if not matcher.consume_token(token):
