@@ -26,6 +26,7 @@ import platform
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -139,9 +140,9 @@ def ar_per_token(model, prompt_len: int, new: int, seed: int = 0, graphs: bool =
         target = GraphTargetBackend(model)
     else:
         target = TargetBackend(model)
-    request = Request(prompt_ids=prompt, eos_ids=frozenset())
-    generate(target, Drafter(), request, 8)  # warm-up: kernels, allocator
-    out = generate(target, Drafter(), request, new)
+    request = Request(prompt_ids=prompt, eos_ids=frozenset(), max_new_tokens=8)
+    generate(target, Drafter(), request)  # warm-up: kernels, allocator
+    out = generate(target, Drafter(), replace(request, max_new_tokens=new))
     steps = max(out.tokens.size - 1, 1)
     return {"new_tokens": int(out.tokens.size), "prefill_s": round(out.stats.prefill_s, 4),
             "decode_s": round(out.stats.decode_s, 4), "ms_per_token": round(1000 * out.stats.decode_s / steps, 3)}

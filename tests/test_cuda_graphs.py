@@ -3,6 +3,8 @@ forward is bitwise the padded forward, its inputs are what the padded forward's 
 captured once per capacity bucket (a fake graph API that replays by recomputing), and without CUDA it falls
 back to the eager static forward, saying why. Whether capture works on a GPU is tests/gpu_graph_check.py's."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -106,11 +108,11 @@ def test_eager_static_forward_is_bitwise_the_padded_forward(model):
 def test_generation_is_identical_through_the_static_forward(model):
     vocab = model.config.vocab_size
     prompt = np.random.default_rng(3).integers(0, vocab, 60)
-    request = Request(prompt_ids=prompt, eos_ids=frozenset())
-    plain = generate(TargetBackend(model), Drafter(), request, 24).tokens
+    request = Request(prompt_ids=prompt, eos_ids=frozenset(), max_new_tokens=24)
+    plain = generate(TargetBackend(model), Drafter(), request).tokens
     graph = GraphTargetBackend(model)
     for drafter in (Drafter(), DecoyOracleDrafter(plain, vocab, 2)):  # plain steps; deep trees among decoys
-        out = generate(graph, drafter, request, 24, budget=63)
+        out = generate(graph, drafter, replace(request, budget=63))
         assert np.array_equal(out.tokens, plain), drafter.name
 
 

@@ -6,6 +6,8 @@ Written without a GPU at hand: its first run on one is also the first test of th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -83,10 +85,10 @@ def test_speculative_output_through_graphs_is_plain_greedy(dtype):
     rng = np.random.default_rng(2)
     for case in range(3):
         prompt = rng.integers(0, VOCAB, int(rng.integers(20, 400)))
-        request = Request(prompt_ids=prompt, eos_ids=frozenset())
-        plain = generate(plain_target, Drafter(), request, 64).tokens
-        assert np.array_equal(generate(graph, Drafter(), request, 64).tokens, plain)
+        request = Request(prompt_ids=prompt, eos_ids=frozenset(), max_new_tokens=64)
+        plain = generate(plain_target, Drafter(), request).tokens
+        assert np.array_equal(generate(graph, Drafter(), request).tokens, plain)
         for drafter in (RandomTreeDrafter(VOCAB, case), HugeTreeDrafter(VOCAB, case),
                         DecoyOracleDrafter(plain, VOCAB, case)):
-            out = generate(graph, drafter, request, 64, budget=63).tokens
+            out = generate(graph, drafter, replace(request, budget=63)).tokens
             assert np.array_equal(out, plain), (case, drafter.name)

@@ -34,7 +34,7 @@ from oospec.training.config import TrainConfig
 
 CLI = Path(__file__).resolve().parents[1] / "oospec" / "cli"
 REQUIRED = {("generate",): ["--messages", "m.json"], ("bench", "vllm"): ["--model", "m"],
-            ("sidecar", "tune"): ["--adapter", "a"], ("models", "pull"): ["name"]}
+            ("sidecar", "tune"): ["--adapter", "a"], ("models", "pull"): ["name"], ("bench", "project"): ["run"]}
 
 
 # The reply limit of `generate` is every command's (the registry's DEFAULT_MAX_NEW_TOKENS), not a Request's.
