@@ -155,6 +155,51 @@ template <class T> struct Prepacked {
   }
 };
 
+// bfloat16 bits of src[i] rounded to nearest even, as torch rounds a float32 weight (c10::BFloat16). NaN: torch's
+// scalar 0x7FC0 (its vector conversion writes 0xFFFF: no GGUF weight is NaN).
+inline void round_bf16(const float* __restrict src, int64_t n, uint16_t* __restrict dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, src + i, sizeof(u));
+    dst[i] = static_cast<uint16_t>((u & 0x7FFFFFFFu) > 0x7F800000u ? 0x7FC0u : (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+  }
+}
+
+// dst[c * 16 + l] = unit c of row l for the 16 rows l (row l's units at src + 4 * l * stride bytes) and c < cols:
+// 32-bit units (a float32, or a pair of bfloat16) moved, never converted. Read through memcpy and vector loads,
+// which may read any type's memory.
+inline void transpose16(const void* src_, int64_t stride, int64_t cols, uint32_t* __restrict dst) {
+  const char* src = static_cast<const char*>(src_);
+  int64_t c = 0;
+#if defined(__AVX512F__)
+  for (; c + 16 <= cols; c += 16) {  // 16 x 16 in registers: 32-bit, then 64-bit unpacks, then 128-bit lanes
+    __m512i r[16], t[16], u[16];
+    for (int l = 0; l < 16; ++l) r[l] = _mm512_loadu_si512(src + 4 * (l * stride + c));
+    for (int i = 0; i < 16; i += 4) {
+      t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+      t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+      t[i + 2] = _mm512_unpacklo_epi32(r[i + 2], r[i + 3]);
+      t[i + 3] = _mm512_unpackhi_epi32(r[i + 2], r[i + 3]);
+      u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);      // rows i..i+3 of column 4q, in 128-bit lane q
+      u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);  // column 4q + 1
+      u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+      u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+    for (int m = 0; m < 4; ++m) {
+      const __m512i v0 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0x88), v1 = _mm512_shuffle_i32x4(u[m], u[4 + m], 0xDD);
+      const __m512i w0 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0x88);
+      const __m512i w1 = _mm512_shuffle_i32x4(u[8 + m], u[12 + m], 0xDD);
+      _mm512_storeu_si512(dst + (c + m) * 16, _mm512_shuffle_i32x4(v0, w0, 0x88));
+      _mm512_storeu_si512(dst + (c + 4 + m) * 16, _mm512_shuffle_i32x4(v1, w1, 0x88));
+      _mm512_storeu_si512(dst + (c + 8 + m) * 16, _mm512_shuffle_i32x4(v0, w0, 0xDD));
+      _mm512_storeu_si512(dst + (c + 12 + m) * 16, _mm512_shuffle_i32x4(v1, w1, 0xDD));
+    }
+  }
+#endif
+  for (; c < cols; ++c)
+    for (int l = 0; l < 16; ++l) std::memcpy(dst + c * 16 + l, src + 4 * (l * stride + c), 4);
+}
+
 struct QuantRows {
   const uint8_t* raw;  // row n's blocks at raw + n * row_stride
   int64_t row_stride;
@@ -163,29 +208,45 @@ struct QuantRows {
   static constexpr bool prefetch = false;  // the buffer is in cache; the blocks stream in row order
 
   // Panels p0 .. p0+nj-1 over k-steps s0 .. s1, in pack_linear's layout, rounded to T as torch rounds a float32
-  // weight to T; rows past N and k past K are zeros, as in pack_linear.
+  // weight to T; rows past N and k past K are zeros, as in pack_linear. A panel's 16 rows are dequantized row by
+  // row (each row's blocks in order) into `rows16` [16][SUB], SUB elements at a time, then written k-major: one
+  // contiguous 16-wide store per k instead of 16 stores to 16 cache lines.
+  static constexpr int64_t SUB = 1024;  // elements per row per pass: whole blocks (quants.h's are at most 256)
   template <class T>
-  void fill(int64_t p0, int nj, int64_t s0, int64_t s1, T* out, float* row) const {
+  void fill(int64_t p0, int nj, int64_t s0, int64_t s1, T* out, float* rows16) const {
     constexpr int width = PStep<T>::width, step = PStep<T>::panel_step;
-    const int64_t span = s1 - s0, k0 = s0 * width, k1 = std::min(s1 * width, K);
-    for (int j = 0; j < nj; ++j)
-      for (int l = 0; l < 16; ++l) {
-        T* col = out + j * span * step + l * width;
-        const int64_t n = (p0 + j) * 16 + l;
-        const int64_t got = n < N ? k1 - k0 : 0;
-        if (got) quants::dequantize_range(type, raw + n * row_stride, k0, k1, row);
-        for (int64_t k = 0; k < span * width; ++k)
-          col[(k / width) * step + k % width] = k < got ? from_float<T>(row[k]) : T(0.f);
+    const int64_t span = s1 - s0, k1 = std::min(s1 * width, K);
+    for (int j = 0; j < nj; ++j) {
+      T* panel = out + j * span * step;
+      for (int64_t a = s0 * width; a < s0 * width + span * width; a += SUB) {
+        const int64_t len = std::max<int64_t>(0, std::min(a + SUB, k1) - a);  // k past K (odd K): zeros
+        const int64_t cover = std::min(SUB, s0 * width + span * width - a);
+        for (int l = 0; l < 16; ++l) {
+          const int64_t n = (p0 + j) * 16 + l;
+          float* r = rows16 + l * SUB;
+          if (n < N && len) quants::dequantize_range(type, raw + n * row_stride, a, a + len, r);
+          else std::fill(r, r + len, 0.f);
+          std::fill(r + len, r + cover, 0.f);
+        }
+        // k-step c of the panel is, for each row l, one 32-bit unit of that row: a float32, or a bfloat16 pair
+        uint32_t* dst = reinterpret_cast<uint32_t*>(panel + (a - s0 * width) / width * step);
+        if constexpr (width == 1) {
+          transpose16(rows16, SUB, cover, dst);
+        } else {
+          alignas(64) uint16_t bits[16 * SUB];  // row l's bfloat16, read back as pairs
+          for (int l = 0; l < 16; ++l) round_bf16(rows16 + l * SUB, cover, bits + l * SUB);
+          transpose16(bits, SUB / 2, cover / 2, dst);
+        }
       }
+    }
   }
 };
 
 template <class T> struct QuantSource : QuantRows {
   int64_t scratch_elems(int64_t steps) const { return steps * PStep<T>::panel_step; }  // per panel
   const T* panels(int64_t p0, int nj, int64_t s0, int64_t s1, T* scratch, int64_t& stride, int64_t& first) const {
-    thread_local std::vector<float> row;
-    if (row.size() < static_cast<size_t>((s1 - s0) * PStep<T>::width)) row.resize((s1 - s0) * PStep<T>::width);
-    fill<T>(p0, nj, s0, s1, scratch, row.data());
+    thread_local std::vector<float> rows16(16 * SUB);
+    fill<T>(p0, nj, s0, s1, scratch, rows16.data());
     stride = (s1 - s0) * PStep<T>::panel_step;
     first = 0;
     return scratch;

@@ -46,30 +46,27 @@ inline float half_at(const uint8_t* p) {  // float16 -> float32 is exact
 }
 
 // ---- one block each: y[0 .. elems) ---------------------------------------------------------------------
+// __restrict: y never overlaps the block; without it the compiler must assume a float store can change the
+// bytes still to be read (uint8_t aliases everything) and keeps every loop scalar.
 // gguf-py: d * (q - 8), q the low nibbles of 16 bytes then their high nibbles.
-inline void q4_0(const uint8_t* b, float* y) {
+// (One loop per nibble: the shape the compiler vectorizes.)
+inline void q4_0(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_at(b);
   const uint8_t* qs = b + 2;
-  for (int j = 0; j < 16; ++j) {
-    y[j] = d * static_cast<float>((qs[j] & 15) - 8);
-    y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
-  }
+  for (int j = 0; j < 16; ++j) y[j] = d * static_cast<float>((qs[j] & 15) - 8);
+  for (int j = 0; j < 16; ++j) y[j + 16] = d * static_cast<float>((qs[j] >> 4) - 8);
 }
 
 // gguf-py: (d * q) + m.
-inline void q4_1(const uint8_t* b, float* y) {
+inline void q4_1(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_at(b), m = half_at(b + 2);
   const uint8_t* qs = b + 4;
-  for (int j = 0; j < 16; ++j) {
-    const float lo = d * static_cast<float>(qs[j] & 15);
-    const float hi = d * static_cast<float>(qs[j] >> 4);
-    y[j] = lo + m;
-    y[j + 16] = hi + m;
-  }
+  for (int j = 0; j < 16; ++j) y[j] = d * static_cast<float>(qs[j] & 15) + m;  // mul, then add: no FMA
+  for (int j = 0; j < 16; ++j) y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
 }
 
 // gguf-py: q * d, q signed bytes.
-inline void q8_0(const uint8_t* b, float* y) {
+inline void q8_0(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_at(b);
   const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
   for (int j = 0; j < 32; ++j) y[j] = static_cast<float>(qs[j]) * d;
@@ -89,7 +86,7 @@ inline void scale_min_k4(const uint8_t* s, int sub, int& sc, int& m) {
 // gguf-py: (d * sc) * q - (dmin * m) per 32-element sub-block; sub-blocks 2i and 2i+1 are the low and high
 // nibbles of bytes 32i .. 32i+31; Q5_K adds bit `sub` of qh[j] as the quant's fifth bit.
 template <bool Five>
-inline void qk_nibbles(const uint8_t* b, float* y) {
+inline void qk_nibbles(const uint8_t* __restrict b, float* __restrict y) {
   const float d = half_at(b), dmin = half_at(b + 2);
   const uint8_t* scales = b + 4;
   const uint8_t* qh = b + 16;
@@ -101,18 +98,18 @@ inline void qk_nibbles(const uint8_t* b, float* y) {
     const float dm = dmin * static_cast<float>(m);
     const uint8_t* q = qs + 32 * (sub / 2);
     const int shift = 4 * (sub % 2);
+    float* ys = y + 32 * sub;
     for (int j = 0; j < 32; ++j) {
       int v = (q[j] >> shift) & 15;
       if (Five) v |= ((qh[j] >> sub) & 1) << 4;
-      const float prod = ds * static_cast<float>(v);
-      y[32 * sub + j] = prod - dm;
+      ys[j] = ds * static_cast<float>(v) - dm;  // mul, then subtract: no FMA (-ffp-contract=off)
     }
   }
 }
 
 // gguf-py: (d * scale) * (q - 32), a signed 8-bit scale per 16 elements. Element e = 128 g + r: the low four
 // bits are nibble r / 64 of ql[64 g + r % 64], the high two bits pair r / 32 of qh[32 g + r % 32].
-inline void q6_k(const uint8_t* b, float* y) {
+inline void q6_k(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* ql = b;
   const uint8_t* qh = b + 128;
   const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
@@ -126,29 +123,37 @@ inline void q6_k(const uint8_t* b, float* y) {
   }
 }
 
+inline void f16(const uint8_t* __restrict b, float* __restrict y) { *y = half_at(b); }
+inline void bf16(const uint8_t* __restrict b, float* __restrict y) {
+  uint16_t bits;
+  std::memcpy(&bits, b, sizeof(bits));
+  *y = static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits()));
+}
+inline void f32(const uint8_t* __restrict b, float* __restrict y) { std::memcpy(y, b, sizeof(float)); }
+
+template <void (*Block)(const uint8_t*, float*), int64_t Elems, int64_t Bytes>
+inline void blocks(const uint8_t* b, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) Block(b + i * Bytes, y + i * Elems);
+}
+
 // Elements [k0, k1) of one row (its blocks start at `row`): k0 a multiple of the block size, k1 one too or the
-// row's end. Returns false for a type these kernels do not read.
+// row's end. Returns false for a type these kernels do not read. (One type per call: the loop over blocks is
+// compiled for that type, with nothing to decide inside it.)
 inline bool dequantize_range(int type, const uint8_t* row, int64_t k0, int64_t k1, float* y) {
   const Layout l = layout(type);
   if (l.elems == 0) return false;
   const uint8_t* b = row + k0 / l.elems * l.bytes;
-  for (int64_t k = k0; k < k1; k += l.elems, b += l.bytes, y += l.elems) {
-    switch (type) {
-      case F32: std::memcpy(y, b, sizeof(float)); break;
-      case F16: *y = half_at(b); break;
-      case BF16: {
-        uint16_t bits;
-        std::memcpy(&bits, b, sizeof(bits));
-        *y = static_cast<float>(c10::BFloat16(bits, c10::BFloat16::from_bits()));
-        break;
-      }
-      case Q4_0: q4_0(b, y); break;
-      case Q4_1: q4_1(b, y); break;
-      case Q8_0: q8_0(b, y); break;
-      case Q4_K: qk_nibbles<false>(b, y); break;
-      case Q5_K: qk_nibbles<true>(b, y); break;
-      case Q6_K: q6_k(b, y); break;
-    }
+  const int64_t n = (k1 - k0 + l.elems - 1) / l.elems;
+  switch (type) {
+    case F32: blocks<f32, 1, 4>(b, n, y); break;
+    case F16: blocks<f16, 1, 2>(b, n, y); break;
+    case BF16: blocks<bf16, 1, 2>(b, n, y); break;
+    case Q4_0: blocks<q4_0, 32, 18>(b, n, y); break;
+    case Q4_1: blocks<q4_1, 32, 20>(b, n, y); break;
+    case Q8_0: blocks<q8_0, 32, 34>(b, n, y); break;
+    case Q4_K: blocks<qk_nibbles<false>, 256, 144>(b, n, y); break;
+    case Q5_K: blocks<qk_nibbles<true>, 256, 176>(b, n, y); break;
+    case Q6_K: blocks<q6_k, 256, 210>(b, n, y); break;
   }
   return true;
 }
