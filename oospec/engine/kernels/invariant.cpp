@@ -33,6 +33,8 @@ torch::Tensor pack_linear(torch::Tensor w);
 torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<torch::Tensor> bias, int64_t N);
 std::string linear_isa();
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
+torch::Tensor dequantize(torch::Tensor raw, int64_t type, int64_t K);
+torch::Tensor linear_quant(torch::Tensor x, torch::Tensor raw, int64_t type, c10::optional<torch::Tensor> bias);
 
 namespace {
 
@@ -362,6 +364,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear", &linear, "row-invariant x @ w.T + b (w [N, K], packed on the fly)");
   m.def("pack_linear", &pack_linear, "w [N, K] in the panels linear_packed reads");
   m.def("linear_packed", &linear_packed, "row-invariant x @ w.T + b over pack_linear's panels");
+  m.def("dequantize", &dequantize, "GGUF blocks [N, row bytes] of a type -> float32 [N, K], as gguf-py");
+  m.def("linear_quant", &linear_quant, "row-invariant x @ w.T + b, w in GGUF blocks dequantized per tile");
   m.def("attention", &attention, "row-invariant attention over a KV cache");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
   m.def("silu", &silu, "element-wise SiLU with exp_fixed");

@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
@@ -37,6 +38,8 @@
 #endif
 
 #include "lanes.h"
+#include "quants.h"
+#include "transpose.h"
 
 namespace oospec {
 
@@ -93,7 +96,8 @@ constexpr int64_t KC = 512;
 
 // acc [R][16 NJc] float32 partial sums in memory (exact), updated over k-steps s0 .. s1 of the panels at w.
 template <class T, int NJc, int R>
-void micro(const T* w, int64_t panel_elems, const T* x, int64_t ldx, int64_t s0, int64_t s1, float* acc) {
+void micro(const T* w, int64_t panel_elems, const T* x, int64_t ldx, int64_t s0, int64_t s1, float* acc,
+           bool prefetch) {
   using S = PStep<T>;
   const int64_t steps = panel_elems / S::panel_step;
   V16 a[NJc][R];
@@ -103,8 +107,10 @@ void micro(const T* w, int64_t panel_elems, const T* x, int64_t ldx, int64_t s0,
   // are multiplied: the first row block of a chunk would otherwise wait on memory. One cache line per panel
   // and k-step, so one prefetch each; a prefetch past the weight's end is dropped by the processor.
   for (int64_t s = s0; s < s1; ++s) {
-    const int64_t far = s + KC < steps ? s + KC : s + KC - steps + NJc * steps;
-    for (int j = 0; j < NJc; ++j) __builtin_prefetch(w + j * panel_elems + far * S::panel_step, 0, 2);
+    if (prefetch) {
+      const int64_t far = s + KC < steps ? s + KC : s + KC - steps + NJc * steps;
+      for (int j = 0; j < NJc; ++j) __builtin_prefetch(w + j * panel_elems + far * S::panel_step, 0, 2);
+    }
     typename S::W wv[NJc];
     for (int j = 0; j < NJc; ++j) wv[j] = S::wload(w + j * panel_elems + s * S::panel_step);
     for (int r = 0; r < R; ++r) {
@@ -118,21 +124,93 @@ void micro(const T* w, int64_t panel_elems, const T* x, int64_t ldx, int64_t s0,
 
 // Run-time row and panel counts to the compiled tile shapes (R <= RMAX rows, NJc <= NJ panels).
 template <class T, int NJc, int R = RMAX>
-void micro_rows(const T* w, int64_t pe, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc) {
-  if (rows == R) return micro<T, NJc, R>(w, pe, x, ldx, s0, s1, acc);
-  if constexpr (R > 1) micro_rows<T, NJc, R - 1>(w, pe, x, ldx, rows, s0, s1, acc);
+void micro_rows(const T* w, int64_t pe, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc,
+                bool prefetch) {
+  if (rows == R) return micro<T, NJc, R>(w, pe, x, ldx, s0, s1, acc, prefetch);
+  if constexpr (R > 1) micro_rows<T, NJc, R - 1>(w, pe, x, ldx, rows, s0, s1, acc, prefetch);
 }
 
 template <class T, int NJc = NJ>
-void tile(const T* w, int64_t pe, int nj, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc) {
-  if (nj == NJc) return micro_rows<T, NJc>(w, pe, x, ldx, rows, s0, s1, acc);
-  if constexpr (NJc > 1) tile<T, NJc - 1>(w, pe, nj, x, ldx, rows, s0, s1, acc);
+void tile(const T* w, int64_t pe, int nj, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc,
+          bool prefetch) {
+  if (nj == NJc) return micro_rows<T, NJc>(w, pe, x, ldx, rows, s0, s1, acc, prefetch);
+  if constexpr (NJc > 1) tile<T, NJc - 1>(w, pe, nj, x, ldx, rows, s0, s1, acc, prefetch);
 }
 
 inline int64_t ksteps(int64_t K, int width) { return (K + width - 1) / width; }
 
-template <class T>
-void packed_impl(const T* x, int64_t ldx, const T* wp, const T* b, T* y, int64_t M, int64_t K, int64_t N) {
+// Where a tile reads its weights. Both give the same panels (pack_linear's layout), so the same products in the
+// same order: `Prepacked` points into panels packed once at load; `QuantRows` dequantizes them from GGUF blocks
+// per chunk into a small buffer (`scratch`) that every row block of the forward then reads.
+// panels(p0, nj, s0, s1, scratch, stride, first): panel p0 + j's k-steps s0 .. s1 start at
+// result + j * stride + first * panel_step.
+template <class T> struct Prepacked {
+  const T* wp;
+  int64_t pe;
+  static constexpr bool prefetch = true;  // the next chunk's weights come from memory
+  int64_t scratch_elems(int64_t) const { return 0; }
+  const T* panels(int64_t p0, int, int64_t s0, int64_t, T*, int64_t& stride, int64_t& first) const {
+    stride = pe;
+    first = s0;
+    return wp + p0 * pe;
+  }
+};
+
+struct QuantRows {
+  const uint8_t* raw;  // row n's blocks at raw + n * row_stride
+  int64_t row_stride;
+  int type;
+  int64_t N, K;
+  static constexpr bool prefetch = false;  // the buffer is in cache; the blocks stream in row order
+
+  // Panels p0 .. p0+nj-1 over k-steps s0 .. s1, in pack_linear's layout, rounded to T as torch rounds a float32
+  // weight to T; rows past N and k past K are zeros, as in pack_linear. A panel's 16 rows are dequantized row by
+  // row (each row's blocks in order) into `rows16` [16][SUB], SUB elements at a time, then written k-major: one
+  // contiguous 16-wide store per k instead of 16 stores to 16 cache lines.
+  static constexpr int64_t SUB = 1024;  // elements per row per pass: whole blocks (quants.h's are at most 256)
+  template <class T>
+  void fill(int64_t p0, int nj, int64_t s0, int64_t s1, T* out, float* rows16) const {
+    constexpr int width = PStep<T>::width, step = PStep<T>::panel_step;
+    const int64_t span = s1 - s0, k1 = std::min(s1 * width, K);
+    for (int j = 0; j < nj; ++j) {
+      T* panel = out + j * span * step;
+      for (int64_t a = s0 * width; a < s0 * width + span * width; a += SUB) {
+        const int64_t len = std::max<int64_t>(0, std::min(a + SUB, k1) - a);  // k past K (odd K): zeros
+        const int64_t cover = std::min(SUB, s0 * width + span * width - a);
+        for (int l = 0; l < 16; ++l) {
+          const int64_t n = (p0 + j) * 16 + l;
+          float* r = rows16 + l * SUB;
+          if (n < N && len) quants::dequantize_range(type, raw + n * row_stride, a, a + len, r);
+          else std::fill(r, r + len, 0.f);
+          std::fill(r + len, r + cover, 0.f);
+        }
+        // k-step c of the panel is, for each row l, one 32-bit unit of that row: a float32, or a bfloat16 pair
+        uint32_t* dst = reinterpret_cast<uint32_t*>(panel + (a - s0 * width) / width * step);
+        if constexpr (width == 1) {
+          transpose16(rows16, SUB, cover, dst);
+        } else {
+          alignas(64) uint16_t bits[16 * SUB];  // row l's bfloat16, read back as pairs
+          for (int l = 0; l < 16; ++l) round_bf16(rows16 + l * SUB, cover, bits + l * SUB);
+          transpose16(bits, SUB / 2, cover / 2, dst);
+        }
+      }
+    }
+  }
+};
+
+template <class T> struct QuantSource : QuantRows {
+  int64_t scratch_elems(int64_t steps) const { return steps * PStep<T>::panel_step; }  // per panel
+  const T* panels(int64_t p0, int nj, int64_t s0, int64_t s1, T* scratch, int64_t& stride, int64_t& first) const {
+    thread_local std::vector<float> rows16(16 * SUB);
+    fill<T>(p0, nj, s0, s1, scratch, rows16.data());
+    stride = (s1 - s0) * PStep<T>::panel_step;
+    first = 0;
+    return scratch;
+  }
+};
+
+template <class T, class Source>
+void packed_impl(const T* x, int64_t ldx, const Source& src, const T* b, T* y, int64_t M, int64_t K, int64_t N) {
   using S = PStep<T>;
   const int64_t steps = ksteps(K, S::width);
   const int64_t pe = steps * S::panel_step;  // elements per panel
@@ -143,6 +221,7 @@ void packed_impl(const T* x, int64_t ldx, const T* wp, const T* b, T* y, int64_t
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (NJ * pe * static_cast<int64_t>(sizeof(T))));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     std::vector<float> acc(static_cast<size_t>(M) * NJ * 16);
+    std::vector<T> scratch(static_cast<size_t>(NJ * src.scratch_elems(std::min(steps, KC))));
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = g * NJ;
       const int nj = static_cast<int>(std::min<int64_t>(NJ, panels - p0));
@@ -150,10 +229,14 @@ void packed_impl(const T* x, int64_t ldx, const T* wp, const T* b, T* y, int64_t
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t s0 = 0; s0 < steps; s0 += KC) {
         const int64_t s1 = std::min(steps, s0 + KC);
+        int64_t stride, first;
+        const T* w = src.panels(p0, nj, s0, s1, scratch.data(), stride, first);
+        const T* xs = x + (s0 - first) * S::width;  // step `first` of w is step s0 of x
         // row blocks as even as RMAX allows (16 rows: 6, 5, 5, not 6, 6, 4): the smallest tile loads the most
         for (int64_t blk = 0, m0 = 0; blk < row_blocks; ++blk) {
           const int rows = static_cast<int>(M / row_blocks + (blk < M % row_blocks ? 1 : 0));
-          tile<T>(wp + p0 * pe, pe, nj, x + m0 * ldx, ldx, rows, s0, s1, acc.data() + m0 * cols);
+          tile<T>(w, stride, nj, xs + m0 * ldx, ldx, rows, first, first + (s1 - s0), acc.data() + m0 * cols,
+                  Source::prefetch);
           m0 += rows;
         }
       }
@@ -237,8 +320,9 @@ void block(const bf16* a, int64_t lda, int rows, const bf16* const* b, int64_t t
 }
 
 // x [M, K] (row stride ldx) through bfloat16 panels: rows padded with zeros to whole tiles, k to whole k-tiles.
-inline void amx_impl(const bf16* x, int64_t ldx, const bf16* wp, const bf16* bias, bf16* y, int64_t M, int64_t K,
-                     int64_t N) {
+template <class Source>
+void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, bf16* y, int64_t M, int64_t K,
+              int64_t N) {
   const int64_t steps = ksteps(K, 2), pe = steps * 32, panels = (N + 15) / 16;
   const int64_t tiles = (steps + TILE_PAIRS - 1) / TILE_PAIRS, kp = tiles * 32;
   const int rows = static_cast<int>(std::min<int64_t>(M, TILE_ROWS));
@@ -264,10 +348,14 @@ inline void amx_impl(const bf16* x, int64_t ldx, const bf16* wp, const bf16* bia
     configure(rows);
     alignas(64) float c[2 * TILE_ROWS * 32];
     alignas(64) bf16 tail[2 * TILE_ELEMS];
+    // a quantized weight's two panels, dequantized over the whole of K: C stays in its tiles across k
+    std::vector<bf16> scratch(static_cast<size_t>(2 * src.scratch_elems(steps)));
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = 2 * g;
       const int nb = static_cast<int>(std::min<int64_t>(2, panels - p0));
-      const bf16* b[2] = {wp + p0 * pe, wp + (p0 + nb - 1) * pe};
+      int64_t stride, first;
+      const bf16* base = src.panels(p0, nb, 0, steps, scratch.data(), stride, first);
+      const bf16* b[2] = {base, base + (nb - 1) * stride};
       if (tail_pairs) {
         std::memset(tail, 0, sizeof(tail));
         for (int j = 0; j < nb; ++j)
@@ -337,6 +425,19 @@ torch::Tensor pack_linear(torch::Tensor w) {
   return out;
 }
 
+// y = x w^T + b on the path this process takes for T (see the top of the file), x padded to whole k-steps.
+template <class T, class Source>
+void run_linear(const torch::Tensor& x, int64_t K, const Source& src, const torch::Tensor& b, torch::Tensor& y,
+                int64_t N) {
+  const int64_t M = x.size(0), ldx = x.size(1);
+  const T* bias = b.defined() ? b.data_ptr<T>() : nullptr;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if constexpr (std::is_same_v<T, bf16>)
+    if (bf16_on_tiles()) return amx::amx_impl(x.data_ptr<bf16>(), ldx, src, bias, y.data_ptr<bf16>(), M, K, N);
+#endif
+  packed_impl<T>(x.data_ptr<T>(), ldx, src, bias, y.data_ptr<T>(), M, K, N);
+}
+
 // x [M, K] through panels made by pack_linear from a [N, K] weight.
 torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<torch::Tensor> bias, int64_t N) {
   TORCH_CHECK(x.dim() == 2 && wp.dim() == 1, "linear_packed: x [M, K], packed weight flat");
@@ -356,17 +457,11 @@ torch::Tensor linear_packed(torch::Tensor x, torch::Tensor wp, c10::optional<tor
     b = bias->to(x.scalar_type()).contiguous();
     TORCH_CHECK(b.numel() == N, "linear_packed: bias must have N elements");
   }
+  const int64_t pe = ksteps(K, width) * 16 * width;
   if (!is_bf16)
-    packed_impl<float>(x.data_ptr<float>(), x.size(1), wp.data_ptr<float>(),
-                       b.defined() ? b.data_ptr<float>() : nullptr, y.data_ptr<float>(), M, K, N);
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
-  else if (bf16_on_tiles())
-    amx::amx_impl(x.data_ptr<bf16>(), x.size(1), wp.data_ptr<bf16>(),
-                  b.defined() ? b.data_ptr<bf16>() : nullptr, y.data_ptr<bf16>(), M, K, N);
-#endif
+    run_linear<float>(x, K, Prepacked<float>{wp.data_ptr<float>(), pe}, b, y, N);
   else
-    packed_impl<bf16>(x.data_ptr<bf16>(), x.size(1), wp.data_ptr<bf16>(),
-                      b.defined() ? b.data_ptr<bf16>() : nullptr, y.data_ptr<bf16>(), M, K, N);
+    run_linear<bf16>(x, K, Prepacked<bf16>{wp.data_ptr<bf16>(), pe}, b, y, N);
   return y;
 }
 
@@ -375,4 +470,56 @@ torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tens
   TORCH_CHECK(x.dim() == 2 && w.dim() == 2 && x.size(1) == w.size(1), "linear: x [M, K] and w [N, K]");
   TORCH_CHECK(x.scalar_type() == w.scalar_type(), "linear: x and w must share a dtype");
   return linear_packed(x, pack_linear(w), bias, w.size(0));
+}
+
+// ---- GGUF weights, dequantized inside the product ----------------------------------------------------------
+// raw [N, row bytes]: each row the blocks of one output's weights, in the GGUF's own encoding (quants.h).
+
+namespace {
+int64_t checked_row_bytes(const torch::Tensor& raw, int type, int64_t K, const char* who) {
+  const quants::Layout l = quants::layout(type);
+  TORCH_CHECK(l.elems > 0, who, ": GGUF type ", type, " is not one these kernels read");
+  TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == torch::kUInt8 && raw.stride(1) == 1,
+              who, ": raw [N, row bytes] uint8, rows contiguous");
+  TORCH_CHECK(K % l.elems == 0 && raw.size(1) == K / l.elems * l.bytes, who, ": ", K,
+              " elements per row do not fill rows of ", raw.size(1), " bytes of type ", type);
+  return raw.stride(0);
+}
+}  // namespace
+
+// float32 [N, K]: every element as gguf-py dequantizes it.
+torch::Tensor dequantize(torch::Tensor raw, int64_t type, int64_t K) {
+  const int64_t stride = checked_row_bytes(raw, static_cast<int>(type), K, "dequantize");
+  auto out = torch::empty({raw.size(0), K}, torch::kFloat32);
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  float* dst = out.data_ptr<float>();
+  at::parallel_for(0, raw.size(0), 16, [&](int64_t a, int64_t b) {
+    for (int64_t n = a; n < b; ++n) quants::dequantize_range(static_cast<int>(type), src + n * stride, 0, K, dst + n * K);
+  });
+  return out;
+}
+
+// x [M, K] times a GGUF weight [N, K] held as raw blocks: the bits linear_packed gives for the weight
+// dequantized to float32 (and rounded to bfloat16 for a bfloat16 x), on the same path and in the same order.
+torch::Tensor linear_quant(torch::Tensor x, torch::Tensor raw, int64_t type, c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2, "linear_quant: x [M, K]");
+  const int64_t M = x.size(0), K = x.size(1), N = raw.size(0);
+  const int64_t stride = checked_row_bytes(raw, static_cast<int>(type), K, "linear_quant");
+  const bool is_bf16 = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(is_bf16 || x.scalar_type() == torch::kFloat32, "linear_quant: float32 or bfloat16 only");
+  const int width = is_bf16 ? 2 : 1;
+  // a chunk of k-steps (KC) must hold whole blocks: quants.h's blocks are at most 256 elements
+  static_assert(KC % 256 == 0, "KC k-steps must hold whole GGUF blocks");
+  if (K % width) x = torch::constant_pad_nd(x, {0, 1}, 0);
+  x = x.contiguous();
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(x.scalar_type()).contiguous();
+    TORCH_CHECK(b.numel() == N, "linear_quant: bias must have N elements");
+  }
+  const QuantRows rows{raw.data_ptr<uint8_t>(), stride, static_cast<int>(type), N, K};
+  if (!is_bf16) run_linear<float>(x, K, QuantSource<float>{rows}, b, y, N);
+  else run_linear<bf16>(x, K, QuantSource<bf16>{rows}, b, y, N);
+  return y;
 }
