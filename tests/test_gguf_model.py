@@ -97,7 +97,7 @@ def test_greedy_tokens_and_logits_are_the_expanded_models(models, method):
             target = TargetBackend(model, prefill_chunk=PREFILL_CHUNK)
             target.reset(prompt.size + 64)
             first = target.prefill_logits(prompt)
-            out = generate(target, make_drafter(method), Request(prompt, frozenset()), 24)
+            out = generate(target, make_drafter(method), Request(prompt, frozenset(), max_new_tokens=24))
             outs.append((first, out.tokens))
         (q_first, q_tokens), (e_first, e_tokens) = outs
         assert same_bits(q_first, e_first), f"prompt {i}: first logits differ"
