@@ -4,6 +4,9 @@ token ids, tau and sidecar decisions written to JSON. A refactor that preserves 
     PYTHONPATH=$PWD python experiments/fingerprint.py --out base.json
     PYTHONPATH=$PWD python experiments/fingerprint.py --compare base.json   # exit 1 on any difference
 
+`experiments/fingerprint.json` is the reference of the current engine (on an Intel Xeon with AMX: the random
+model's float32 runs depend on the CPU's kernels, so make a base on the machine that compares).
+
 Targets: SmolLM2-135M (real weights, real tool-call prompts from API-Bank) and a random qwen2 with SmolLM2's
 vocabulary (tests/helpers.py), whose unconstrained output is noise, so its grammar-constrained run exercises the
 mask at every step. The sidecar is an in-process stand-in (tests/sidecar_fakes.py) that answers at submit time
