@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from functools import cached_property
 
 import llguidance
 import llguidance.hf
@@ -50,13 +51,11 @@ class GrammarVocabulary:
             if i < self.ll.vocab_size and self.ll.is_special_token(i) and t.content
         }
 
+    @cached_property
     def punctuation_ids(self) -> np.ndarray:
         """The tokens that are one piece of JSON punctuation (`{`, `", "`, ...), for `probe`'s walks."""
-        if not hasattr(self, "_punctuation"):
-            pieces = ['"', "{", "}", "[", "]", ",", ":", ", ", ": ", '{"', '"}', '",', '": ', '", "', "0", "1"]
-            ids = {ids[0] for ids in map(self.encode, pieces) if len(ids) == 1}
-            self._punctuation = np.array(sorted(ids), dtype=np.int64)
-        return self._punctuation
+        pieces = ['"', "{", "}", "[", "]", ",", ":", ", ", ": ", '{"', '"}', '",', '": ', '", "', "0", "1"]
+        return np.array(sorted({ids[0] for ids in map(self.encode, pieces) if len(ids) == 1}), dtype=np.int64)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False) if text else []
@@ -195,7 +194,7 @@ class GrammarConstraint:
         """The tokens allowed after the matcher's state, into `row`; False when the library failed there or
         allows nothing at all (a dead end the grammar cannot leave)."""
         self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * row.element_size())
-        return not self.matcher.is_error() and bool(row.any())
+        return not self.matcher.is_error() and bool(row.numpy().any())  # numpy: no torch dispatch per node
 
     def _error(self) -> str:
         return _first_line(self.matcher.get_error()) if self.matcher.is_error() else "no token is allowed here"
@@ -224,7 +223,7 @@ def probe(vocabulary: GrammarVocabulary, grammar: str, forced_text: str = "", st
         return str(exc)
     rng = np.random.default_rng(seed)
     row = torch.empty(vocabulary.words, dtype=torch.int32)
-    punctuation = vocabulary.punctuation_ids()
+    punctuation = vocabulary.punctuation_ids
     matcher = constraint.matcher
     for _ in range(steps):
         if matcher.is_stopped() or matcher.is_accepting():

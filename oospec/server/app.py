@@ -174,38 +174,37 @@ async def _stream(service: ModelService, work: Work, request: HTTPRequest,
                   note: dict) -> StreamingResponse:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue = asyncio.Queue()
-    job = work
-    job.emit = lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs)
-    service.worker.submit(job)  # before the response starts, so that 429 and 503 are real statuses
-    job.future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, _DONE))
+    work.emit = lambda evs: loop.call_soon_threadsafe(events.put_nowait, evs)
+    service.worker.submit(work)  # before the response starts, so that 429 and 503 are real statuses
+    work.future.add_done_callback(lambda _: loop.call_soon_threadsafe(events.put_nowait, _DONE))
     chunks = ChunkWriter(service, work)
 
     async def body():
         try:
             yield sse(chunks.role())
             while True:
-                left = job.deadline - time.monotonic()
+                left = work.deadline - time.monotonic()
                 try:
                     item = await asyncio.wait_for(events.get(), timeout=max(0.01, left))
                 except TimeoutError:
-                    job.cancel.set()
+                    work.cancel.set()
                     yield sse(APIError(504, "the request timed out", type="timeout_error", code="timeout").body())
                     break
                 if item is _DONE:
-                    exc = job.future.exception()
+                    exc = work.future.exception()
                     if exc is not None:
                         error = exc if isinstance(exc, APIError) else shutting_down()
                         yield sse(error.body())
                     else:
-                        note_completion(note, job.future.result())
-                        for chunk in chunks.final(job.future.result()):
+                        note_completion(note, work.future.result())
+                        for chunk in chunks.final(work.future.result()):
                             yield sse(chunk)
                     break
                 for chunk in chunks.deltas(item):
                     yield sse(chunk)
             yield "data: [DONE]\n\n"
         finally:
-            job.cancel.set()  # a client that went away stops the generation at its next step
+            work.cancel.set()  # a client that went away stops the generation at its next step
 
     return StreamingResponse(body(), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

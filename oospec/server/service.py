@@ -73,38 +73,38 @@ class ModelService:
     # -- on the worker thread --------------------------------------------------------------------------------
 
     def execute(self, work: Work) -> Completion:
-        job, req, request = work, work.req, work.request
+        req, request = work.req, work.request
         reply = ReplyBuilder(self.engine.tokenizer, stops=req.stop, forced_text=work.forced_text,
                              tool_names=[t.name for t in request.tools] if request.tools is not None else None,
                              dialect=get_dialect(request.dialect), parallel_tool_calls=req.parallel_tool_calls,
                              forced_function=req.forced_function)
-        if job.emit is not None:
-            job.emit(reply.drain())
+        if work.emit is not None:
+            work.emit(reply.drain())
 
         def on_tokens(tokens) -> bool:
             stopped = reply.push(tokens)
-            if job.emit is not None:
+            if work.emit is not None:
                 events = reply.drain()
                 if events:
-                    job.emit(events)
-            return stopped or job.should_stop()
+                    work.emit(events)
+            return stopped or work.should_stop()
 
         gen = self.engine.generate(request, drafter=self.drafter, prefix_cache=self.prefix_cache,
                                    on_tokens=on_tokens).generation
-        if job.cancel.is_set():
+        if work.cancel.is_set():
             raise Cancelled()
-        if job.expired():
-            raise timeout_error(job.timeout_s)
+        if work.expired():
+            raise timeout_error(work.timeout_s)
         final = reply.finish()
-        if job.emit is not None:
-            job.emit(reply.drain())
+        if work.emit is not None:
+            work.emit(reply.drain())
         if final.tool_calls and final.calls_complete:
             finish_reason = "tool_calls"
         elif final.stopped or gen.finish_reason == "stop":
             finish_reason = "stop"
         else:
             finish_reason = "length"
-        queue_s = (job.started_at or job.submitted_at) - job.submitted_at
+        queue_s = (work.started_at or work.submitted_at) - work.submitted_at
         stats = self._stats(work, gen, final, queue_s)
         failure = request.constraint.failure if request.constraint is not None else None
         if failure is not None:  # the reply ended where the grammar library could not go on (see constraint.py)

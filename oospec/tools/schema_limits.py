@@ -22,6 +22,7 @@ What passes here may still fail to compile (a $ref to a missing or remote docume
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 from typing import Any
 
 from oospec.errors import OospecError
@@ -99,6 +100,7 @@ def _check_width(node: Mapping, pointer: str) -> None:
 def _check_idle_loops(root: Mapping, nodes: dict[str, Mapping]) -> None:
     """Follow, from every schema, the edges that read no character ($ref and the same-value keywords); a cycle
     among them, or a $ref chain longer than MAX_REF_HOPS, is refused."""
+    @lru_cache(maxsize=None)  # each schema's edges are read when it is entered and again when it is done
     def idle_edges(pointer: str) -> list[str]:
         node = nodes[pointer]
         out = []
