@@ -20,10 +20,12 @@ from oospec.engine.kernels import FORCE_ISA_ENV, native
 from oospec.models.gguf_weights import SUPPORTED, Q
 
 TYPES = sorted(SUPPORTED, key=int)
+# The quantized types, which the loader regroups by 16 rows (kernels/repack.h); plain floats keep their rows.
+REGROUPED = [t for t in TYPES if t not in (Q.F32, Q.F16, Q.BF16)]
 DTYPES = (torch.float32, torch.bfloat16)
 # Byte offsets of each block's float16 scales: random blocks get finite ones there (a NaN scale is garbage in,
 # and NaN payloads are not what this compares).
-F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+F16_FIELDS = {Q.Q4_0: (0,), Q.Q4_1: (0, 2), Q.Q5_0: (0,), Q.Q8_0: (0,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 # Scales at the edges of float16: subnormal, the largest, negative, zero, ordinary.
 EDGE_SCALES = np.array([2 ** -24, 3 * 2 ** -20, 6.1e-5, 65504.0, -65504.0, -0.0, 0.0, -0.0123, 0.07, 1.5],
                        np.float16)
@@ -204,3 +206,62 @@ def test_blocks_that_do_not_fill_the_rows_are_refused(cxx):
         cxx.linear_quant(torch.zeros(1, 255), raw, int(Q.Q4_K), None)
     with pytest.raises(RuntimeError, match="not one these kernels read"):
         cxx.linear_quant(torch.zeros(1, 256), raw, int(Q.Q2_K), None)
+
+
+@pytest.mark.parametrize("qtype", REGROUPED, ids=lambda t: t.name)
+def test_regrouped_blocks_dequantize_to_gguf_py_bit_for_bit(cxx, qtype):
+    """Every element of the 16-row regrouping (scales a, b and quants split into planes) is gguf-py's, signed
+    zeros included (a negative scale times a zero quant), over model-like, random and edge-scale blocks; 35
+    rows: a last panel with 3 rows."""
+    rng = np.random.default_rng(100 + int(qtype))
+    k = 512
+    samples = [weights(qtype, 35, k, int(qtype)), random_blocks(qtype, 35, k, rng),
+               random_blocks(qtype, 35, k, rng, EDGE_SCALES)]
+    for raw in samples:
+        ref = dequantize(raw, qtype).reshape(raw.shape[0], k)
+        packed = cxx.repack_quant(torch.from_numpy(raw), int(qtype), k)
+        rows = torch.arange(raw.shape[0])
+        got = cxx.dequantize_repacked(packed, int(qtype), raw.shape[0], k, rows.flip(0)).flip(0)
+        assert np.array_equal(bits(got), bits(ref)), f"{qtype.name} differs"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("qtype", REGROUPED, ids=lambda t: t.name)
+def test_the_product_over_regrouped_blocks_is_the_expanded_product_for_every_row_count(cxx, qtype, dtype):
+    n, k = 67, 1280  # as for the file's own blocks: chunk edges and a short last panel
+    raw = weights(qtype, n, k, 17 + int(qtype))
+    g = torch.Generator().manual_seed(int(qtype))
+    x = torch.randn(64, k, generator=g).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    w = torch.from_numpy(dequantize(raw, qtype).reshape(n, k)).to(dtype)
+    packed = cxx.repack_quant(torch.from_numpy(raw), int(qtype), k)
+    full = cxx.linear_repacked(x, packed, int(qtype), n, bias)
+    assert np.array_equal(bits(full), bits(cxx.linear(x, w, bias))), "64 rows differ from the expanded product"
+    for m in range(1, 65):
+        part = cxx.linear_repacked(x[:m].contiguous(), packed, int(qtype), n, bias)
+        assert np.array_equal(bits(part), bits(full[:m])), m
+        alone = cxx.linear_repacked(x[m - 1:m].contiguous(), packed, int(qtype), n, bias)
+        assert np.array_equal(bits(alone), bits(full[m - 1:m])), f"row {m - 1} alone"
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_the_product_over_regrouped_blocks_does_not_depend_on_the_thread_count(cxx, dtype):
+    qtype, n, k = Q.Q6_K, 301, 1024
+    packed = cxx.repack_quant(torch.from_numpy(weights(qtype, n, k, 4)), int(qtype), k)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(4)).to(dtype)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cxx.linear_repacked(x, packed, int(qtype), n, None)
+        torch.set_num_threads(2)
+        two = cxx.linear_repacked(x, packed, int(qtype), n, None)
+    finally:
+        torch.set_num_threads(before)
+    assert np.array_equal(bits(one), bits(two))
+
+
+def test_a_block_scale_that_is_not_finite_is_not_regrouped(cxx):
+    raw = random_blocks(Q.Q4_K, 16, 256, np.random.default_rng(0))
+    raw[3, 0:2] = np.array([np.inf], np.float16).view(np.uint8)
+    with pytest.raises(RuntimeError, match="not finite"):
+        cxx.repack_quant(torch.from_numpy(raw), int(Q.Q4_K), 256)

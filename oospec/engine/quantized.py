@@ -26,45 +26,75 @@ from torch import nn
 from oospec.errors import ModelIntegrityError
 
 
-class QuantizedLinear(nn.Module):
-    """y = x W^T + b with W [out, in] held as GGUF blocks (`raw`: uint8 [out, row bytes], shared, not copied)."""
+# The types the C++ kernels regroup by 16 rows at load (kernels/repack.h); plain float weights keep their rows.
+REGROUPED_TYPES = frozenset({2, 3, 6, 8, 12, 13, 14})  # Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K
 
-    def __init__(self, raw: torch.Tensor, qtype: int, in_features: int, dtype: torch.dtype, ops,
-                 bias: torch.Tensor | None = None):
+
+class BlockWeight(nn.Module):
+    """A GGUF weight [rows, cols] as the kernels read it: regrouped by 16 rows (`blocks` is repack.h's panels)
+    where the kernels can, else the file's own rows (`blocks` uint8 [rows, row bytes], `regrouped` False: the
+    pure-torch kernels, float types, a block scale that is not finite). Either way the same bits (see the tests).
+    A module so that a tied embedding and head can hold the one weight."""
+
+    def __init__(self, raw: torch.Tensor, qtype: int, cols: int, ops):
         super().__init__()
-        self.in_features, self.out_features = in_features, raw.shape[0]
-        self.qtype, self.dtype, self.ops = int(qtype), dtype, ops
-        self.register_buffer("raw", raw, persistent=False)
+        self.qtype, self.rows, self.cols, self.ops = int(qtype), raw.shape[0], cols, ops
+        self.regrouped = False
+        blocks = raw
+        if self.qtype in REGROUPED_TYPES and hasattr(ops, "repack_quant"):
+            try:
+                blocks, self.regrouped = ops.repack_quant(raw, self.qtype, cols), True
+            except RuntimeError:  # a scale that is not finite: the file's rows and linear_quant, same bits
+                pass
+        self.register_buffer("blocks", blocks, persistent=False)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [M, cols] -> [M, rows] through the invariant kernels, in x's dtype."""
+        if self.regrouped:
+            return self.ops.linear_repacked(x, self.blocks, self.qtype, self.rows, bias)
+        return self.ops.linear_quant(x, self.blocks, self.qtype, bias)
+
+    def lookup(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [len(ids), cols]: those rows, as gguf-py dequantizes them."""
+        if self.regrouped:
+            return self.ops.dequantize_repacked(self.blocks, self.qtype, self.rows, self.cols, ids)
+        return self.ops.dequantize(self.blocks[ids], self.qtype, self.cols)
+
+    def extra_repr(self) -> str:
+        return f"rows={self.rows}, cols={self.cols}, qtype={self.qtype}, regrouped={self.regrouped}"
+
+
+class QuantizedLinear(nn.Module):
+    """y = x W^T + b with W a `BlockWeight` (possibly shared with a tied embedding)."""
+
+    def __init__(self, weight: BlockWeight, dtype: torch.dtype, bias: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = weight.cols, weight.rows
+        self.weight_blocks, self.dtype = weight, dtype
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+
+    @property
+    def ops(self):
+        return self.weight_blocks.ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        x2 = x.reshape(rows, self.in_features).to(self.dtype)
-        y = self.ops.linear_quant(x2, self.raw, self.qtype, self.bias)
+        y = self.weight_blocks.matmul(x.reshape(rows, self.in_features).to(self.dtype), self.bias)
         return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
-
-    def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, qtype={self.qtype}"
 
 
 class QuantizedEmbedding(nn.Module):
-    """The rows of an embedding held as GGUF blocks, dequantized when looked up (then rounded to `dtype`, as the
-    expanded model's embedding matrix was)."""
+    """The rows of an embedding held as a `BlockWeight`, dequantized when looked up (then rounded to `dtype`, as
+    the expanded model's embedding matrix was)."""
 
-    def __init__(self, raw: torch.Tensor, qtype: int, dim: int, dtype: torch.dtype, ops):
+    def __init__(self, weight: BlockWeight, dtype: torch.dtype):
         super().__init__()
-        self.num_embeddings, self.embedding_dim = raw.shape[0], dim
-        self.qtype, self.dtype, self.ops = int(qtype), dtype, ops
-        self.register_buffer("raw", raw, persistent=False)
+        self.num_embeddings, self.embedding_dim = weight.rows, weight.cols
+        self.weight_blocks, self.dtype = weight, dtype
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        rows = self.raw[ids.reshape(-1)]  # the looked-up rows' blocks only
-        values = self.ops.dequantize(rows, self.qtype, self.embedding_dim).to(self.dtype)
+        values = self.weight_blocks.lookup(ids.reshape(-1)).to(self.dtype)
         return values.view(*ids.shape, self.embedding_dim)
-
-
-def _raw(stored) -> torch.Tensor:
-    return torch.from_numpy(stored.raw)
 
 
 def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, ops=None):
@@ -97,23 +127,27 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, ops
         order = row_order(model, gguf, name)
         return gguf.tensors[name] if order is None else gguf.tensors[name].rows(order)
 
+    def blocks(hf: str) -> BlockWeight:
+        tensor = stored(hf)
+        weight = BlockWeight(torch.from_numpy(tensor.raw), tensor.qtype, tensor.row_elements, ops)
+        if weight.regrouped:  # the copy is what runs: the file's pages need not stay in memory
+            gguf.release(gguf.tensors[by_hf[hf]])
+        return weight
+
     with torch.no_grad():
         for module_name, module in list(model.named_modules()):
             for child_name, child in list(module.named_children()):
                 full = f"{module_name}.{child_name}" if module_name else child_name
                 if type(child) is nn.Linear and full != "lm_head":
-                    w = stored(f"{full}.weight")
                     bias = None
                     if child.bias is not None:
                         bias = torch.from_numpy(stored(f"{full}.bias").dequantize().copy())
-                    setattr(module, child_name, QuantizedLinear(_raw(w), w.qtype, child.in_features, dtype, ops, bias))
-        embed = stored("model.embed_tokens.weight")
-        inner.embed_tokens = QuantizedEmbedding(_raw(embed), embed.qtype, config.hidden_size, dtype, ops)
+                    setattr(module, child_name, QuantizedLinear(blocks(f"{full}.weight"), dtype, bias))
+        inner.embed_tokens = QuantizedEmbedding(blocks("model.embed_tokens.weight"), dtype)
         if "lm_head.weight" in by_hf:
-            head = stored("lm_head.weight")
-            model.lm_head = QuantizedLinear(_raw(head), head.qtype, config.hidden_size, dtype, ops)
-        else:  # tied: the embedding's blocks, the same tensor
-            model.lm_head = QuantizedLinear(inner.embed_tokens.raw, embed.qtype, config.hidden_size, dtype, ops)
+            model.lm_head = QuantizedLinear(blocks("lm_head.weight"), dtype)
+        else:  # tied: the embedding's weight, held once
+            model.lm_head = QuantizedLinear(inner.embed_tokens.weight_blocks, dtype)
         for hf, param in list(model.named_parameters()):
             if param.is_meta:
                 owner, _, leaf = hf.rpartition(".")
@@ -134,5 +168,5 @@ def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, ops
 
 def dequantized(module: nn.Module) -> np.ndarray:
     """The float32 weight a QuantizedLinear / QuantizedEmbedding stands for (tests, comparisons)."""
-    return module.ops.dequantize(module.raw, module.qtype, getattr(module, "in_features", None)
-                                 or module.embedding_dim).numpy()
+    weight = module.weight_blocks
+    return weight.lookup(torch.arange(weight.rows)).numpy()

@@ -13,6 +13,7 @@ Layering: this module knows files and names, not torch modules; the modules that
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,7 +26,7 @@ from oospec.errors import ModelIntegrityError
 Q = GGMLQuantizationType
 # The types the kernels read (their ids are oospec/engine/kernels/quants.h's): the shipped models use Q4_K, Q6_K
 # and Q4_1 (+ Q8_0 embeddings and F32 norms); the rest are the common siblings.
-SUPPORTED = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
+SUPPORTED = frozenset({Q.F32, Q.F16, Q.BF16, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K})
 _ARCHITECTURES = ("llama", "qwen2")
 
 
@@ -76,6 +77,22 @@ class GGUFFile:
     def unsupported(self) -> dict[str, str]:
         """GGUF name -> type name of every tensor whose type the kernels cannot read."""
         return {name: t.qtype.name for name, t in self.tensors.items() if t.qtype not in SUPPORTED}
+
+    def release(self, tensor: StoredTensor) -> None:
+        """Let the kernel drop the file pages of `tensor` (a caller that made its own copy of it): they are clean
+        pages of a file mapping, read again from the file if anything touches them later. Keeps the process at
+        one copy of each weight while a model loads."""
+        mapping = getattr(self.reader.data, "_mmap", None)
+        if mapping is None or not hasattr(mapping, "madvise"):
+            return
+        base = self.reader.data.ctypes.data
+        start = tensor.raw.ctypes.data - base
+        if not 0 <= start < len(mapping):
+            return  # a copy (rows taken in another order), not a view of the mapping
+        first = -(-start // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the tensor only
+        end = (start + tensor.raw.nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > first:
+            mapping.madvise(mmap.MADV_DONTNEED, first, end - first)
 
     @cached_property
     def stored_bytes(self) -> int:

@@ -35,6 +35,10 @@ std::string linear_isa();
 torch::Tensor linear(torch::Tensor x, torch::Tensor w, c10::optional<torch::Tensor> bias);
 torch::Tensor dequantize(torch::Tensor raw, int64_t type, int64_t K);
 torch::Tensor linear_quant(torch::Tensor x, torch::Tensor raw, int64_t type, c10::optional<torch::Tensor> bias);
+torch::Tensor repack_quant(torch::Tensor raw, int64_t type, int64_t K);
+torch::Tensor linear_repacked(torch::Tensor x, torch::Tensor packed, int64_t type, int64_t N,
+                              c10::optional<torch::Tensor> bias);
+torch::Tensor dequantize_repacked(torch::Tensor packed, int64_t type, int64_t N, int64_t K, torch::Tensor rows);
 
 namespace {
 
@@ -366,6 +370,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("linear_packed", &linear_packed, "row-invariant x @ w.T + b over pack_linear's panels");
   m.def("dequantize", &dequantize, "GGUF blocks [N, row bytes] of a type -> float32 [N, K], as gguf-py");
   m.def("linear_quant", &linear_quant, "row-invariant x @ w.T + b, w in GGUF blocks dequantized per tile");
+  m.def("repack_quant", &repack_quant, "GGUF blocks [N, row bytes] regrouped by 16 rows (repack.h)");
+  m.def("linear_repacked", &linear_repacked, "row-invariant x @ w.T + b, w regrouped GGUF blocks");
+  m.def("dequantize_repacked", &dequantize_repacked, "rows of a regrouped weight -> float32, as gguf-py");
   m.def("attention", &attention, "row-invariant attention over a KV cache");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
   m.def("silu", &silu, "element-wise SiLU with exp_fixed");

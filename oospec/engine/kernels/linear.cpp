@@ -26,6 +26,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -39,6 +40,7 @@
 
 #include "lanes.h"
 #include "quants.h"
+#include "repack.h"
 #include "transpose.h"
 
 namespace oospec {
@@ -205,6 +207,23 @@ template <class T> struct QuantSource : QuantRows {
     fill<T>(p0, nj, s0, s1, scratch, rows16.data());
     stride = (s1 - s0) * PStep<T>::panel_step;
     first = 0;
+    return scratch;
+  }
+};
+
+// Panels made from GGUF blocks regrouped by 16 rows at load (repack.h): vector loads, no transpose.
+template <class T> struct RepackedSource {
+  const uint8_t* packed;  // panel p at packed + p * panel_bytes
+  int64_t panel_bytes;
+  int type;
+  static constexpr bool prefetch = false;  // the scratch is in cache; the regrouped panels stream in order
+  int64_t scratch_elems(int64_t steps) const { return steps * PStep<T>::panel_step; }  // per panel
+  const T* panels(int64_t p0, int nj, int64_t s0, int64_t s1, T* scratch, int64_t& stride, int64_t& first) const {
+    constexpr int width = PStep<T>::width;
+    stride = (s1 - s0) * PStep<T>::panel_step;
+    first = 0;
+    for (int j = 0; j < nj; ++j)
+      repack::fill<width == 2>(type, packed + (p0 + j) * panel_bytes, s0 * width, s1 * width, scratch + j * stride);
     return scratch;
   }
 };
@@ -522,4 +541,86 @@ torch::Tensor linear_quant(torch::Tensor x, torch::Tensor raw, int64_t type, c10
   if (!is_bf16) run_linear<float>(x, K, QuantSource<float>{rows}, b, y, N);
   else run_linear<bf16>(x, K, QuantSource<bf16>{rows}, b, y, N);
   return y;
+}
+
+// ---- GGUF blocks regrouped by 16 rows (repack.h) -----------------------------------------------------------
+
+namespace {
+repack::Format checked_format(int64_t type, int64_t K, const char* who) {
+  const repack::Format f = repack::format(static_cast<int>(type));
+  TORCH_CHECK(f.group > 0, who, ": GGUF type ", type, " is not regrouped");
+  TORCH_CHECK(K % f.group == 0, who, ": K = ", K, " is not a multiple of the type's group of ", f.group);
+  return f;
+}
+}  // namespace
+
+// raw [N, row bytes] GGUF blocks -> the regrouped panels (flat uint8). Refuses a weight with a scale that is not
+// finite (its caller keeps the file's blocks and linear_quant for it).
+torch::Tensor repack_quant(torch::Tensor raw, int64_t type, int64_t K) {
+  const int64_t stride = checked_row_bytes(raw, static_cast<int>(type), K, "repack_quant");
+  const repack::Format f = checked_format(type, K, "repack_quant");
+  const int64_t N = raw.size(0), panels = (N + 15) / 16, pb = repack::panel_bytes(f, K);
+  auto out = torch::empty({panels * pb}, torch::kUInt8);
+  const uint8_t* src = raw.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  std::atomic<bool> finite{true};
+  at::parallel_for(0, panels, 16, [&](int64_t a, int64_t b) {
+    for (int64_t p = a; p < b; ++p)
+      if (!repack::pack_panel(static_cast<int>(type), src, stride, N, K, p, dst + p * pb)) finite = false;
+  });
+  TORCH_CHECK(finite.load(), "repack_quant: a block scale is not finite");
+  return out;
+}
+
+// x [M, K] times a regrouped weight [N, K]: the bits linear_quant (and linear_packed over the dequantized weight)
+// gives, on the same path and in the same order.
+torch::Tensor linear_repacked(torch::Tensor x, torch::Tensor packed, int64_t type, int64_t N,
+                              c10::optional<torch::Tensor> bias) {
+  TORCH_CHECK(x.dim() == 2 && packed.dim() == 1 && packed.scalar_type() == torch::kUInt8 && packed.is_contiguous(),
+              "linear_repacked: x [M, K], packed flat uint8");
+  const int64_t M = x.size(0), K = x.size(1);
+  const repack::Format f = checked_format(type, K, "linear_repacked");
+  const int64_t pb = repack::panel_bytes(f, K);
+  TORCH_CHECK(packed.numel() == (N + 15) / 16 * pb, "linear_repacked: ", packed.numel(), " bytes do not hold [", N,
+              ", ", K, "] of type ", type);
+  const bool is_bf16 = x.scalar_type() == torch::kBFloat16;
+  TORCH_CHECK(is_bf16 || x.scalar_type() == torch::kFloat32, "linear_repacked: float32 or bfloat16 only");
+  x = x.contiguous();  // K is a multiple of the group (16 or 32): whole bfloat16 pairs
+  auto y = torch::empty({M, N}, x.options());
+  torch::Tensor b;
+  if (bias.has_value() && bias->defined()) {
+    b = bias->to(x.scalar_type()).contiguous();
+    TORCH_CHECK(b.numel() == N, "linear_repacked: bias must have N elements");
+  }
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  if (!is_bf16) run_linear<float>(x, K, RepackedSource<float>{p, pb, static_cast<int>(type)}, b, y, N);
+  else run_linear<bf16>(x, K, RepackedSource<bf16>{p, pb, static_cast<int>(type)}, b, y, N);
+  return y;
+}
+
+// float32 [len(rows), K]: rows `rows` (int64) of a regrouped weight [N, K], as gguf-py dequantizes them (the
+// embedding's lookups, and the tests).
+torch::Tensor dequantize_repacked(torch::Tensor packed, int64_t type, int64_t N, int64_t K, torch::Tensor rows) {
+  const repack::Format f = checked_format(type, K, "dequantize_repacked");
+  const int64_t pb = repack::panel_bytes(f, K);
+  TORCH_CHECK(packed.dim() == 1 && packed.numel() == (N + 15) / 16 * pb, "dequantize_repacked: packed size");
+  rows = rows.to(torch::kInt64).contiguous();
+  const int64_t R = rows.numel();
+  const int64_t* ids = rows.data_ptr<int64_t>();
+  for (int64_t r = 0; r < R; ++r) TORCH_CHECK(ids[r] >= 0 && ids[r] < N, "dequantize_repacked: row ", ids[r], " of ", N);
+  auto out = torch::empty({R, K}, torch::kFloat32);
+  const uint8_t* p = packed.data_ptr<uint8_t>();
+  float* y = out.data_ptr<float>();
+  at::parallel_for(0, R, 8, [&](int64_t a, int64_t b) {
+    std::vector<float> group(static_cast<size_t>(f.group) * 16);
+    for (int64_t r = a; r < b; ++r) {
+      const uint8_t* panel = p + ids[r] / 16 * pb;
+      const int lane = static_cast<int>(ids[r] % 16);
+      for (int64_t k0 = 0; k0 < K; k0 += f.group) {
+        repack::fill<false>(static_cast<int>(type), panel, k0, k0 + f.group, group.data());
+        for (int k = 0; k < f.group; ++k) y[r * K + k0 + k] = group[k * 16 + lane];
+      }
+    }
+  });
+  return out;
 }

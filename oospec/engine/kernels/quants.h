@@ -20,7 +20,7 @@
 
 namespace oospec::quants {
 
-enum Type : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
+enum Type : int { F32 = 0, F16 = 1, Q4_0 = 2, Q4_1 = 3, Q5_0 = 6, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, BF16 = 30 };
 
 // Elements per block and bytes per block (0 elements: a type these kernels do not read).
 struct Layout { int64_t elems, bytes; };
@@ -31,6 +31,7 @@ inline Layout layout(int type) {
     case BF16: return {1, 2};
     case Q4_0: return {32, 18};
     case Q4_1: return {32, 20};
+    case Q5_0: return {32, 22};
     case Q8_0: return {32, 34};
     case Q4_K: return {256, 144};
     case Q5_K: return {256, 176};
@@ -63,6 +64,16 @@ inline void q4_1(const uint8_t* __restrict b, float* __restrict y) {
   const uint8_t* qs = b + 4;
   for (int j = 0; j < 16; ++j) y[j] = d * static_cast<float>(qs[j] & 15) + m;  // mul, then add: no FMA
   for (int j = 0; j < 16; ++j) y[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
+}
+
+// gguf-py: d * (q - 16), q = a low or high nibble of 16 bytes with bit j of the 32-bit qh as its fifth bit.
+inline void q5_0(const uint8_t* __restrict b, float* __restrict y) {
+  const float d = half_at(b);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, sizeof(qh));
+  const uint8_t* qs = b + 6;
+  for (int j = 0; j < 16; ++j) y[j] = d * static_cast<float>(static_cast<int>((qs[j] & 15) | ((qh >> j) & 1) << 4) - 16);
+  for (int j = 0; j < 16; ++j) y[j + 16] = d * static_cast<float>(static_cast<int>((qs[j] >> 4) | ((qh >> (j + 16)) & 1) << 4) - 16);
 }
 
 // gguf-py: q * d, q signed bytes.
@@ -150,6 +161,7 @@ inline bool dequantize_range(int type, const uint8_t* row, int64_t k0, int64_t k
     case BF16: blocks<bf16, 1, 2>(b, n, y); break;
     case Q4_0: blocks<q4_0, 32, 18>(b, n, y); break;
     case Q4_1: blocks<q4_1, 32, 20>(b, n, y); break;
+    case Q5_0: blocks<q5_0, 32, 22>(b, n, y); break;
     case Q8_0: blocks<q8_0, 32, 34>(b, n, y); break;
     case Q4_K: blocks<qk_nibbles<false>, 256, 144>(b, n, y); break;
     case Q5_K: blocks<qk_nibbles<true>, 256, 176>(b, n, y); break;

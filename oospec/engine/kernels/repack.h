@@ -1,0 +1,338 @@
+// GGUF blocks regrouped by 16 rows, so that a weight panel (linear.cpp's layout: 16 output columns at each k) is
+// made with vector loads and no transpose.
+//
+// Why: dequantizing a panel from the file's own blocks means 16 rows read one by one and transposed, about 0.7 ns
+// per weight on two cores, 5-20x what a decode step can afford. llama.cpp regroups its blocks the same way at load
+// ("repack", Q4_0x8). The regrouped tensor holds the same information in about the same bytes.
+//
+// Every weight of the supported types is gguf-py's own expression over a float32 scale `a` (and offset `b`) shared
+// by a group of G elements of one row, and a small integer q, with the same operations in the same order:
+//   Q4_K, Q5_K: a * q - b,          a = d * sc, b = dmin * m   (gguf-py: (d * sc) * q - (dmin * m))
+//   Q4_1:       a * q - b,          a = d, b = -m              (gguf-py: (d * q) + m; x - (-m) is x + m in IEEE)
+//   Q6_K:       a * (q - 32),       a = d * sc                 (gguf-py: (d * sc) * (q - 32))
+//   Q4_0, Q5_0: a * (q - 8 or 16),  a = d                      (gguf-py: d * (q - 8), d * (q - 16))
+//   Q8_0:       a * q, q signed,    a = d                      (gguf-py: q * d)
+// a = d * sc is exact (an 11-bit float16 times a sub-scale of at most 8 bits), so it can be computed once at
+// load. The tests compare every element with gguf-py, signed zeros included.
+//
+// Layout: panel p (rows 16p .. 16p+15; rows past N are zeros, a = b = q = 0, so w = 0 as pack_linear pads), then
+// per group of G k (k-major), `group_bytes`: a [16] float32, b [16] float32 (stored types only), then the quants:
+//   4-bit: G/2 x 16 bytes, byte l of pair i = q(2i, l) & 15 | (q(2i+1, l) & 15) << 4
+//   5-bit: then G/8 x 16 bytes, bit j of byte l of octet i = bit 4 of q(8i + j, l)
+//   6-bit: then G/4 x 16 bytes, bits 2j, 2j+1 of byte l of quad i = bits 4, 5 of q(4i + j, l)
+//   8-bit: G x 16 signed bytes, byte l of k = q(k, l)
+
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "quants.h"
+
+namespace oospec::repack {
+
+struct Format {
+  int group = 0;      // G: elements of one row that share a and b (0: a type not regrouped)
+  int bits = 0;       // 4, 5, 6 or 8 (8: signed)
+  int b_mode = 0;     // 0: a * q - b, b stored; 1: a * (q - offset); 2: a * q, q signed
+  int offset = 0;     // for b_mode 1
+  int64_t group_bytes() const {
+    if (!group) return 0;
+    const int64_t scales = 64 + (b_mode == 0 ? 64 : 0);
+    const int64_t planes = bits == 8 ? group * 16 : group * 8 + (bits == 5 ? group * 2 : bits == 6 ? group * 4 : 0);
+    return scales + planes;
+  }
+};
+
+inline Format format(int type) {
+  using namespace quants;
+  switch (type) {
+    case Q4_K: return {32, 4, 0, 0};
+    case Q5_K: return {32, 5, 0, 0};
+    case Q6_K: return {16, 6, 1, 32};
+    case Q4_0: return {32, 4, 1, 8};
+    case Q5_0: return {32, 5, 1, 16};
+    case Q4_1: return {32, 4, 0, 0};
+    case Q8_0: return {32, 8, 2, 0};
+    default: return {};
+  }
+}
+
+inline int64_t panel_bytes(const Format& f, int64_t K) { return K / f.group * f.group_bytes(); }
+
+// One group of one row from its GGUF block: a, b (b_mode 0 only) and the G quants (signed for Q8_0). `g` is the
+// group's index inside the block.
+inline void decode_group(int type, const uint8_t* blk, int g, float& a, float& b, int* q) {
+  using namespace quants;
+  switch (type) {
+    case Q4_K:
+    case Q5_K: {
+      int sc, m;
+      scale_min_k4(blk + 4, g, sc, m);
+      a = half_at(blk) * static_cast<float>(sc);
+      b = half_at(blk + 2) * static_cast<float>(m);
+      const uint8_t* qs = type == Q5_K ? blk + 48 : blk + 16;
+      for (int j = 0; j < 32; ++j) {
+        q[j] = (qs[32 * (g / 2) + j] >> (4 * (g % 2))) & 15;
+        if (type == Q5_K) q[j] |= ((blk[16 + j] >> g) & 1) << 4;
+      }
+      break;
+    }
+    case Q6_K: {
+      a = half_at(blk + 208) * static_cast<float>(reinterpret_cast<const int8_t*>(blk + 192)[g]);
+      for (int j = 0; j < 16; ++j) {
+        const int e = 16 * g + j, h = e / 128, r = e % 128;
+        const int lo = (blk[64 * h + r % 64] >> (4 * (r / 64))) & 15;
+        const int hi = (blk[128 + 32 * h + r % 32] >> (2 * (r / 32))) & 3;
+        q[j] = lo | (hi << 4);
+      }
+      break;
+    }
+    case Q4_0:
+    case Q4_1: {
+      a = half_at(blk);
+      if (type == Q4_1) b = -half_at(blk + 2);
+      const uint8_t* qs = blk + (type == Q4_1 ? 4 : 2);
+      for (int j = 0; j < 16; ++j) { q[j] = qs[j] & 15; q[j + 16] = qs[j] >> 4; }
+      break;
+    }
+    case Q5_0: {
+      a = half_at(blk);
+      uint32_t qh;
+      std::memcpy(&qh, blk + 2, sizeof(qh));
+      for (int j = 0; j < 16; ++j) {
+        q[j] = (blk[6 + j] & 15) | ((qh >> j) & 1) << 4;
+        q[j + 16] = (blk[6 + j] >> 4) | ((qh >> (j + 16)) & 1) << 4;
+      }
+      break;
+    }
+    case Q8_0: {
+      a = half_at(blk);
+      for (int j = 0; j < 32; ++j) q[j] = reinterpret_cast<const int8_t*>(blk + 2)[j];
+      break;
+    }
+  }
+}
+
+// Panel p of a weight [N, K] whose row n's blocks start at raw + n * row_stride, into `out` (panel_bytes).
+// Returns false if a scale is not finite (such a weight stays on the file's blocks: no fast path assumes it).
+inline bool pack_panel(int type, const uint8_t* raw, int64_t row_stride, int64_t N, int64_t K, int64_t p,
+                       uint8_t* out) {
+  const Format f = format(type);
+  const quants::Layout l = quants::layout(type);
+  const int G = f.group;
+  const int64_t gb = f.group_bytes(), groups = K / G;
+  std::memset(out, 0, static_cast<size_t>(groups * gb));
+  int q[32];
+  bool finite = true;
+  for (int lane = 0; lane < 16; ++lane) {
+    const int64_t n = p * 16 + lane;
+    if (n >= N) break;
+    const uint8_t* row = raw + n * row_stride;
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t e0 = g * G;
+      float a = 0.f, b = 0.f;
+      decode_group(type, row + e0 / l.elems * l.bytes, static_cast<int>(e0 % l.elems / G), a, b, q);
+      finite = finite && std::isfinite(a) && std::isfinite(b);
+      uint8_t* grp = out + g * gb;
+      std::memcpy(grp + 4 * lane, &a, 4);
+      if (f.b_mode == 0) std::memcpy(grp + 64 + 4 * lane, &b, 4);
+      uint8_t* plane = grp + (f.b_mode == 0 ? 128 : 64);
+      if (f.bits == 8) {
+        for (int k = 0; k < G; ++k) plane[k * 16 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
+        continue;
+      }
+      for (int k = 0; k < G; ++k) plane[(k / 2) * 16 + lane] |= static_cast<uint8_t>((q[k] & 15) << (4 * (k % 2)));
+      uint8_t* high = plane + G * 8;
+      if (f.bits == 5)
+        for (int k = 0; k < G; ++k) high[(k / 8) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (k % 8));
+      if (f.bits == 6)
+        for (int k = 0; k < G; ++k) high[(k / 4) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 3) << (2 * (k % 4)));
+    }
+  }
+  return finite;
+}
+
+// ---- making weights from the regrouped panels -------------------------------------------------------------
+// The 16 lanes of one k: w = a * q - b, one multiply and one subtract (-ffp-contract=off keeps them apart).
+// Plain loops over the 16 lanes: the compiler makes each a few vector instructions on every instruction set.
+
+struct Group {
+  float a[16], b[16];
+  const uint8_t* plane;  // the 4- or 8-bit quants
+  const uint8_t* high;   // the 5th / 5th-6th bits
+};
+
+template <int BMode>
+inline Group open_group(const uint8_t* grp, int G) {
+  Group g;
+  std::memcpy(g.a, grp, 64);
+  if constexpr (BMode == 0) std::memcpy(g.b, grp + 64, 64);
+  g.plane = grp + (BMode == 0 ? 128 : 64);
+  g.high = g.plane + G * 8;
+  return g;
+}
+
+template <int BMode>
+inline void weights(const Group& g, const int* __restrict q, int offset, float* __restrict w) {
+  if constexpr (BMode == 0) for (int l = 0; l < 16; ++l) w[l] = g.a[l] * static_cast<float>(q[l]) - g.b[l];
+  else if constexpr (BMode == 1) for (int l = 0; l < 16; ++l) w[l] = g.a[l] * static_cast<float>(q[l] - offset);
+  else for (int l = 0; l < 16; ++l) w[l] = g.a[l] * static_cast<float>(q[l]);
+}
+
+// w[l] for k = 2i and 2i + 1 of the group (i: the pair).
+template <int Bits, int BMode>
+inline void pair(const Group& g, int i, int offset, float* __restrict w0, float* __restrict w1) {
+  int q0[16], q1[16];
+  if constexpr (Bits == 8) {
+    const int8_t* s = reinterpret_cast<const int8_t*>(g.plane) + 2 * i * 16;
+    for (int l = 0; l < 16; ++l) { q0[l] = s[l]; q1[l] = s[16 + l]; }
+  } else {
+    const uint8_t* p = g.plane + i * 16;
+    for (int l = 0; l < 16; ++l) { q0[l] = p[l] & 15; q1[l] = p[l] >> 4; }
+  }
+  if constexpr (Bits == 5) {
+    const uint8_t* h = g.high + (i / 4) * 16;
+    const int s = 2 * (i % 4);
+    for (int l = 0; l < 16; ++l) { q0[l] |= ((h[l] >> s) & 1) << 4; q1[l] |= ((h[l] >> (s + 1)) & 1) << 4; }
+  }
+  if constexpr (Bits == 6) {
+    const uint8_t* h = g.high + (i / 2) * 16;
+    const int s = 4 * (i % 2);
+    for (int l = 0; l < 16; ++l) { q0[l] |= ((h[l] >> s) & 3) << 4; q1[l] |= ((h[l] >> (s + 2)) & 3) << 4; }
+  }
+  weights<BMode>(g, q0, offset, w0);
+  weights<BMode>(g, q1, offset, w1);
+}
+
+inline uint32_t bf16_bits(float x) {  // round to nearest even, as torch (weights here are finite)
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+// Panel k range [k0, k1) (whole groups) of the regrouped panel at `panel`, in linear.cpp's layout: float32 [k][16]
+// (Pairs = false) or bfloat16 pairs [k/2][16][2] (Pairs = true, as 32-bit units) at out.
+template <int Bits, int BMode, bool Pairs>
+inline void fill_panel(const uint8_t* panel, int G, int64_t gb, int offset, int64_t k0, int64_t k1, void* out) {
+  float w0[16], w1[16];
+  for (int64_t g0 = k0; g0 < k1; g0 += G) {
+    const Group g = open_group<BMode>(panel + g0 / G * gb, G);
+    for (int i = 0; i < G / 2; ++i) {
+      pair<Bits, BMode>(g, i, offset, w0, w1);
+      const int64_t k = g0 - k0 + 2 * i;
+      if constexpr (Pairs) {
+        uint32_t* o = static_cast<uint32_t*>(out) + (k / 2) * 16;
+        for (int l = 0; l < 16; ++l) o[l] = bf16_bits(w0[l]) | (bf16_bits(w1[l]) << 16);
+      } else {
+        float* o = static_cast<float*>(out) + k * 16;
+        std::memcpy(o, w0, 64);
+        std::memcpy(o + 16, w1, 64);
+      }
+    }
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The same weights and bits with AVX-512 spelled out (the plain loops above vectorize, but poorly: 3-4x slower).
+// bfloat16 pairs: VCVTNE2PS2BF16 rounds to nearest even as torch does for every finite weight that is not a
+// float32 subnormal, and none is (each is 0 or at least the smallest float16 subnormal scale, 2^-24, in size);
+// without the instruction the rounding is torch's integer form.
+template <int Bits, int BMode>
+inline void quants16(const Group& g, int i, __m512i& q0, __m512i& q1) {
+  const __m512i low4 = _mm512_set1_epi32(15);
+  if constexpr (Bits == 8) {
+    const uint8_t* s = g.plane + 32 * i;
+    q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
+    return;
+  }
+  const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.plane + 16 * i)));
+  q0 = _mm512_and_si512(v, low4);
+  q1 = _mm512_srli_epi32(v, 4);
+  if constexpr (Bits == 5 || Bits == 6) {
+    constexpr int per = Bits == 5 ? 4 : 2;  // pairs per byte of high bits
+    const __m512i h = _mm512_cvtepu8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.high + (i / per) * 16)));
+    const int s = (8 / per) * (i % per);  // the pair's first bit in the byte
+    const __m512i mask = _mm512_set1_epi32(Bits == 5 ? 0x10 : 0x30);
+    // bits s.. of h to bit 4: shift left by 4 - s or right by s - 4
+    const __m512i a0 = s <= 4 ? _mm512_slli_epi32(h, 4 - s) : _mm512_srli_epi32(h, s - 4);
+    const int s1 = s + (Bits == 5 ? 1 : 2);
+    const __m512i a1 = s1 <= 4 ? _mm512_slli_epi32(h, 4 - s1) : _mm512_srli_epi32(h, s1 - 4);
+    q0 = _mm512_ternarylogic_epi32(q0, a0, mask, 0xF8);  // q0 | (a0 & mask)
+    q1 = _mm512_ternarylogic_epi32(q1, a1, mask, 0xF8);
+  }
+}
+
+template <int Bits, int BMode, bool Pairs>
+inline void fill_panel_avx512(const uint8_t* panel, int G, int64_t gb, int offset, int64_t k0, int64_t k1, void* out) {
+  const __m512i off = _mm512_set1_epi32(offset);
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
+                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int64_t g0 = k0; g0 < k1; g0 += G) {
+    const uint8_t* grp = panel + g0 / G * gb;
+    Group g;
+    g.plane = grp + (BMode == 0 ? 128 : 64);
+    g.high = g.plane + G * 8;
+    const __m512 a = _mm512_loadu_ps(grp);
+    const __m512 b = BMode == 0 ? _mm512_loadu_ps(grp + 64) : _mm512_setzero_ps();
+    for (int i = 0; i < G / 2; ++i) {
+      __m512i q0, q1;
+      quants16<Bits, BMode>(g, i, q0, q1);
+      if constexpr (BMode == 1) { q0 = _mm512_sub_epi32(q0, off); q1 = _mm512_sub_epi32(q1, off); }
+      __m512 w0 = _mm512_mul_ps(a, _mm512_cvtepi32_ps(q0));
+      __m512 w1 = _mm512_mul_ps(a, _mm512_cvtepi32_ps(q1));
+      if constexpr (BMode == 0) { w0 = _mm512_sub_ps(w0, b); w1 = _mm512_sub_ps(w1, b); }
+      const int64_t k = g0 - k0 + 2 * i;
+      if constexpr (Pairs) {
+#if defined(__AVX512BF16__)
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);  // w0's 16 then w1's 16
+#else
+        const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
+        const __m512i u0 = _mm512_castps_si512(w0), u1 = _mm512_castps_si512(w1);
+        const __m512i r0 = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u0, bias),
+                                                              _mm512_and_si512(_mm512_srli_epi32(u0, 16), one)), 16);
+        const __m512i r1 = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(u1, bias),
+                                                              _mm512_and_si512(_mm512_srli_epi32(u1, 16), one)), 16);
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(r0)),
+                                                _mm512_cvtepi32_epi16(r1), 1);
+#endif
+        _mm512_storeu_si512(static_cast<uint32_t*>(out) + (k / 2) * 16, _mm512_permutexvar_epi16(interleave, both));
+      } else {
+        float* o = static_cast<float*>(out) + k * 16;
+        _mm512_storeu_ps(o, w0);
+        _mm512_storeu_ps(o + 16, w1);
+      }
+    }
+  }
+}
+#endif
+
+template <int Bits, int BMode, bool Pairs>
+inline void fill_best(const uint8_t* panel, int G, int64_t gb, int offset, int64_t k0, int64_t k1, void* out) {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  fill_panel_avx512<Bits, BMode, Pairs>(panel, G, gb, offset, k0, k1, out);
+#else
+  fill_panel<Bits, BMode, Pairs>(panel, G, gb, offset, k0, k1, out);
+#endif
+}
+
+// The dispatch over types, compiled once per (bits, b mode, layout).
+template <bool Pairs>
+inline void fill(int type, const uint8_t* panel, int64_t k0, int64_t k1, void* out) {
+  const Format f = format(type);
+  const int64_t gb = f.group_bytes();
+  switch (f.bits * 4 + f.b_mode) {
+    case 4 * 4 + 0: return fill_best<4, 0, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+    case 4 * 4 + 1: return fill_best<4, 1, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+    case 5 * 4 + 0: return fill_best<5, 0, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+    case 5 * 4 + 1: return fill_best<5, 1, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+    case 6 * 4 + 1: return fill_best<6, 1, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+    case 8 * 4 + 2: return fill_best<8, 2, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+  }
+}
+
+}  // namespace oospec::repack
