@@ -33,6 +33,10 @@
 #include <type_traits>
 #include <vector>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -546,6 +550,20 @@ torch::Tensor linear_quant(torch::Tensor x, torch::Tensor raw, int64_t type, c10
 // ---- GGUF blocks regrouped by 16 rows (repack.h) -----------------------------------------------------------
 
 namespace {
+// A decode step streams every weight once: with 4 KB pages that is a TLB miss every 4 KB, and the prefetches
+// ahead of the stream miss too. Ask for 2 MB pages (transparent huge pages, where the kernel offers them on
+// request) before the buffer is first written.
+void huge_pages(void* p, int64_t bytes) {
+#if defined(__linux__)
+  constexpr uintptr_t HUGE = uintptr_t(2) << 20;
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(p) + HUGE - 1) & ~(HUGE - 1);
+  const uintptr_t b = (reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes)) & ~(HUGE - 1);
+  if (b > a) madvise(reinterpret_cast<void*>(a), b - a, MADV_HUGEPAGE);
+#else
+  (void)p; (void)bytes;
+#endif
+}
+
 repack::Format checked_format(int64_t type, int64_t K, const char* who) {
   const repack::Format f = repack::format(static_cast<int>(type));
   TORCH_CHECK(f.group > 0, who, ": GGUF type ", type, " is not regrouped");
@@ -563,6 +581,7 @@ torch::Tensor repack_quant(torch::Tensor raw, int64_t type, int64_t K) {
   auto out = torch::empty({panels * pb}, torch::kUInt8);
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
+  huge_pages(dst, panels * pb);
   std::atomic<bool> finite{true};
   at::parallel_for(0, panels, 16, [&](int64_t a, int64_t b) {
     for (int64_t p = a; p < b; ++p)
