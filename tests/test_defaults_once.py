@@ -34,7 +34,8 @@ from oospec.training.config import TrainConfig
 
 CLI = Path(__file__).resolve().parents[1] / "oospec" / "cli"
 REQUIRED = {("generate",): ["--messages", "m.json"], ("bench", "vllm"): ["--model", "m"],
-            ("sidecar", "tune"): ["--adapter", "a"], ("models", "pull"): ["name"], ("bench", "project"): ["run"]}
+            ("sidecar", "tune"): ["--adapter", "a"], ("models", "pull"): ["name"], ("bench", "project"): ["run"],
+            ("models", "synth-gguf"): ["out.gguf"]}
 
 
 # The reply limit of `generate` is every command's (the registry's DEFAULT_MAX_NEW_TOKENS), not a Request's.
@@ -93,6 +94,7 @@ def function_options():
     """(command, function, {parameter: option dest}) of the commands that pass options to a function's
     parameters rather than build a dataclass (see each command's cmd_* function)."""
     from oospec.bench import serve
+    from oospec.models.synthetic_gguf import write_random_gguf
     from oospec.training.pool import pool_sources, training_pool
     from oospec.training.split import split_traces
     from oospec.training.traces import record_traces
@@ -104,6 +106,7 @@ def function_options():
         (("sidecar", "traces"), training_pool, {"seed": "seed", "rounds": "rounds"}),
         (("sidecar", "traces"), pool_sources, {"scale": "scale"}),
         (("sidecar", "split"), split_traces, {"seed": "seed", "fractions": "fractions"}),
+        (("models", "synth-gguf"), write_random_gguf, {"seed": "seed", "tokenizer_from": "tokenizer_from"}),
     ]
 
 
