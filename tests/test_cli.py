@@ -181,8 +181,8 @@ def test_every_command_that_limits_the_reply_length_names_it_alike():
 
 
 def test_the_benchmarks_choose_their_items_with_the_same_options():
-    """bench run, serve and vllm: --dataset, --split, --data, --items, --offset, --limit, --held-out-only and
-    --allow-trained-items, one definition (oospec.cli.options.add_item_options), one default each."""
+    """bench run, serve, vllm and llamacpp: --dataset, --split, --data, --items, --offset, --limit, --held-out-only
+    and --allow-trained-items, one definition (oospec.cli.options.add_item_options), one default each."""
     import argparse
 
     from oospec.cli import build_parser
@@ -192,7 +192,7 @@ def test_the_benchmarks_choose_their_items_with_the_same_options():
     add_item_options(own)
     want = {a.dest: (a.option_strings, a.default) for a in own._actions if a.dest != "help"}
     parser = build_parser()
-    for words in (["bench", "run"], ["bench", "serve"], ["bench", "vllm"]):
+    for words in (["bench", "run"], ["bench", "serve"], ["bench", "vllm"], ["bench", "llamacpp"]):
         sub = parser
         for word in words:
             sub = next(a for a in sub._actions if isinstance(a, argparse._SubParsersAction)).choices[word]
@@ -213,5 +213,5 @@ def test_every_command_that_runs_a_target_has_one_default_model():
 
     parser = build_parser()
     for argv in (["generate", "--messages", "m.json"], ["demo"], ["serve"], ["bench", "run"], ["bench", "serve"],
-                 ["bench", "cost-curve"]):
+                 ["bench", "cost-curve"], ["bench", "llamacpp"]):
         assert parser.parse_args(argv).model == DEFAULT_TARGET, argv

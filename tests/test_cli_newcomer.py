@@ -211,8 +211,8 @@ def test_help_shows_defaults_choices_and_an_example(capsys):
     text = " ".join(help_text(["bench", "run"], capsys).split())
     assert all(dataset in text for dataset in ("apibank", "bfcl", "toolalpaca")) and "example:" in text
     assert "{auto,float32,bfloat16,float16}" in text
-    for argv in (["bench", "serve"], ["bench", "cost-curve"], ["models", "pull"], ["models", "list"],
-                 ["sidecar", "train"], ["sidecar", "eval"], ["sidecar", "traces"]):
+    for argv in (["bench", "serve"], ["bench", "cost-curve"], ["bench", "llamacpp"], ["models", "pull"],
+                 ["models", "list"], ["sidecar", "train"], ["sidecar", "eval"], ["sidecar", "traces"]):
         assert "example:" in help_text(argv, capsys), argv
     text = " ".join(help_text(["bench", "vllm"], capsys).split())
     assert "example:" in text and "(default: float32)" in text and "(default: 8)" in text and "(default: all)" in text

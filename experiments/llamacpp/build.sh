@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Build llama.cpp (the CPU peer of the benchmark) from the llama-cpp-python sdist, which ships its full source.
-# Usage: experiments/llamacpp/build.sh [DIR]   (default ~/.cache/oospec/llamacpp)
-# Produces DIR/build/bin/llama-server and llama-bench. The ISA flags are chosen from /proc/cpuinfo: GGML_NATIVE
-# crashed at the first matmul on an AMX Xeon, so the build names AVX2 / AVX-512 explicitly and leaves AMX off.
+# Usage: experiments/llamacpp/build.sh [DIR]   (default: llamacpp/ in oospec's cache, $OOSPEC_HOME or ~/.cache/oospec)
+# Produces DIR/build/bin/llama-server and llama-bench (where `oospec bench llamacpp` looks by default). The ISA
+# flags are chosen from /proc/cpuinfo: GGML_NATIVE crashed at the first matmul on an AMX Xeon, so the build names
+# AVX2 / AVX-512 explicitly and leaves AMX off.
 set -euo pipefail
 VERSION=0.3.36
-DIR=${1:-$HOME/.cache/oospec/llamacpp}
+DIR=${1:-${OOSPEC_HOME:-${XDG_CACHE_HOME:-$HOME/.cache}/oospec}/llamacpp}  # as oospec_home() decides
 PY=${PYTHON:-python3}
 mkdir -p "$DIR"
 cd "$DIR"

@@ -153,7 +153,7 @@ def _record(label: str, sample, m: BenchMethod, run: Run, reference: Reference, 
     """The samples.jsonl line of one run, and its divergence from ar (None: identical)."""
     text = engine.tokenizer.decode(run.tokens, skip_special_tokens=True)
     comparison = compared(reference.tokens, run.tokens)
-    accurate, acc_note = _accuracy(sample, text)
+    accurate, acc_note = scored_call(sample, text)
     rec = {"dataset": label, "sample_id": sample.id, "method": m.name, "cores": m.cores, "cpu_threads": m.cpu_threads,
            "target_threads": m.threads, **run.stats, "identical": comparison["identical"], "accurate": accurate,
            "text": text, **run.extra}
@@ -167,7 +167,9 @@ def _record(label: str, sample, m: BenchMethod, run: Run, reference: Reference, 
     return rec, div
 
 
-def _accuracy(sample, text: str) -> tuple[bool | None, str | None]:
+def scored_call(sample, text: str) -> tuple[bool | None, str | None]:
+    """(accurate, why not scored or what failed): the benchmark's call check of a reply's text, for every
+    method and peer alike."""
     from oospec.datasets import DatasetError, call_accuracy
 
     try:

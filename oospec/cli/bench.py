@@ -1,17 +1,19 @@
-"""`oospec bench cost-curve | run | serve | vllm | project`: the parsers and what they call in oospec.bench; the options
-they share (the model, the items, the sidecar...) come from oospec.cli.options."""
+"""`oospec bench cost-curve | run | serve | vllm | llamacpp | project`: the parsers and what they call in
+oospec.bench; the options they share (the model, the items, the sidecar...) come from oospec.cli.options."""
 
 from __future__ import annotations
 
 import sys
 
+from oospec.bench import llamacpp  # stdlib only at import: cheap at parse time
 from oospec.bench.config import BenchConfig
 from oospec.bench.projection import FORWARDS, ProjectionConfig  # stdlib only: cheap at parse time
 from oospec.bench.vllm_run import CUSTOM, DEFAULT_SETTINGS, SETTINGS  # imports no vLLM (torch, through the datasets)
 from oospec.cli.options import (add_budget_option, add_command, add_item_options, add_max_new_tokens_option,
-                                add_runtime_options, add_sampling_options, add_sidecar_options, item_selection,
-                                positive_int, set_threads, sidecar_settings)
-from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB
+                                add_runtime_options, add_sampling_options, add_sidecar_options, add_threads_option,
+                                default_of, item_selection, non_negative_int, positive_int, set_threads,
+                                sidecar_settings)
+from oospec.models.registry import DEFAULT_PREFIX_CACHE_MB, DEFAULT_TARGET
 
 COST_CURVE_EXAMPLE = "oospec bench cost-curve --model smollm2-135m --ks 1,4,16 --out curve.json"
 RUN_EXAMPLE = """oospec bench run --dataset apibank:1 --limit 8 --methods ar,toolspec,oospec
@@ -19,6 +21,9 @@ oospec bench run --model smollm2-135m --dataset bfcl:simple_python --limit 5 --m
 SERVE_EXAMPLE = "oospec bench serve --model smollm2-135m --dataset apibank:1 --turns 4 --methods ar,toolspec"
 VLLM_EXAMPLE = """VLLM_CPU_KVCACHE_SPACE=4 .venv-vllm/bin/oospec bench vllm --model ~/.cache/oospec/models/qwen2.5-coder-1.5b \\
     --dataset apibank:1 --offset 8 --limit 20 --settings none,oospec,oracle --enforce-eager"""
+LLAMACPP_EXAMPLE = """oospec bench llamacpp --dataset apibank:1 --offset 8 --limit 20 --threads 2 \\
+    --draft ~/.cache/oospec/gguf/qwen2.5-coder-0.5b.gguf
+oospec bench llamacpp --model smollm2-135m --dataset bfcl:simple_python --limit 2 --modes ar,ngram --threads 1"""
 PROJECT_EXAMPLE = """oospec bench project experiments/results/cold-apibank-bf16-v12 \\
     experiments/results/cold-bfcl-bf16-v10 --costs experiments/results/gpu-h200/gpu_check.json \\
     --shape qwen2.5-1.5b --out runs/projection"""
@@ -106,6 +111,18 @@ def cmd_bench_vllm(args) -> None:
         run(args, selection)
 
 
+def cmd_bench_llamacpp(args) -> None:
+    import torch
+
+    from oospec.bench.items import Selection
+
+    # The threads `bench run` gives `ar` by default (torch's: every physical core), so the two runs pair up.
+    llamacpp.run(Selection(**item_selection(args)), gguf=args.gguf, model=args.model,
+                 threads=args.threads or torch.get_num_threads(), max_new_tokens=args.max_new_tokens,
+                 modes=args.modes, draft=args.draft, ctx_size=args.ctx_size, llamacpp_dir=args.llamacpp_dir,
+                 bench_repeats=args.bench_repeats, out=args.out)
+
+
 def cmd_bench_project(args) -> None:
     from oospec.bench import projection_report
     from oospec.bench.projection import project
@@ -181,6 +198,36 @@ def add_vllm_parser(bench) -> None:
     p.set_defaults(func=cmd_bench_vllm)
 
 
+def add_llamacpp_parser(bench) -> None:
+    """`bench llamacpp`: llama.cpp's server on the items and prompt ids of `bench run` (oospec/bench/llamacpp.py)."""
+    p = add_command(bench, "llamacpp", "llama.cpp as a peer: llama-server plain, with its n-gram speculation and "
+                                       "with a draft model, on the prompt ids of `bench run`, and llama-bench",
+                    LLAMACPP_EXAMPLE)
+    p.add_argument("--model", "--target", dest="model", default=DEFAULT_TARGET, metavar="MODEL",
+                   help="the model whose tokenizer and chat template build the prompt ids (as in `bench run`), and "
+                        "whose GGUF runs unless --gguf")
+    p.add_argument("--gguf", metavar="PATH", help="the target's GGUF (default: --model's own, the weights oospec "
+                                                  "dequantizes)")
+    add_item_options(p)
+    add_threads_option(p, what="llama.cpp (-t and -tb, the draft model's too)",
+                       default_text="torch's, what `bench run` gives ar")
+    p.add_argument("--modes", metavar="A,B", help=f"comma list of {', '.join(llamacpp.SPECULATION)} (default: ar "
+                                                  f"and ngram, and draft with --draft); ar always runs")
+    p.add_argument("--draft", metavar="PATH", help="the draft mode's GGUF (the target's vocabulary)")
+    add_max_new_tokens_option(p)
+    p.add_argument("--ctx-size", type=positive_int, default=None,
+                   help=f"llama-server's --ctx-size (default: the longest prompt + --max-new-tokens + "
+                        f"{llamacpp.DRAFT_ROOM} for drafts)")
+    p.add_argument("--bench-repeats", type=non_negative_int, default=default_of(llamacpp.run, "bench_repeats"),
+                   help="llama-bench's -r (0: no llama-bench); its -p is the items' mean prompt length, its -n "
+                        "--max-new-tokens")
+    p.add_argument("--llamacpp-dir", metavar="DIR",
+                   help=f"the folder of llama-server and llama-bench (default: ${llamacpp.DIR_ENV}, else "
+                        f"$OOSPEC_HOME/llamacpp/build/bin, where {llamacpp.BUILD_SCRIPT} builds them)")
+    p.add_argument("--out", help="output folder (default: runs/<timestamp>-llamacpp-<datasets>)")
+    p.set_defaults(func=cmd_bench_llamacpp)
+
+
 def add_bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench_cmd", required=True,
                                                                       metavar="BENCH_COMMAND")
@@ -241,4 +288,5 @@ def add_bench_parser(sub) -> None:
     p.set_defaults(func=cmd_bench_serve)
 
     add_vllm_parser(bench)
+    add_llamacpp_parser(bench)
     add_project_parser(bench)

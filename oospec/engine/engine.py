@@ -64,6 +64,15 @@ def render_chat(client: ClientText, messages: list[dict], tools: list[dict] | No
         raise InvalidMessagesError(f"the chat template rejected these messages: {exc}") from exc
 
 
+def encode_chat(tokenizer, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
+    """Render chat messages (and tools) with the tokenizer's chat template into prompt token ids. Control-token
+    strings in the messages and tools are tokenized as text: only the template's own markup is control
+    tokens (oospec.tools.chat_text). Needs no model: a peer benchmark builds the same ids from the tokenizer."""
+    validate_messages(messages)
+    client = ClientText(tokenizer)
+    return client.encode_array(render_chat(client, client.mark(messages), client.mark(tools)))
+
+
 def fit_context(prompt_tokens: int, max_new_tokens: int, context: int) -> int:
     """max_new_tokens lowered to what the context holds after the prompt; the engine's one context check.
     ValueError for an empty prompt, ContextLengthError for one that leaves no room for a reply."""
@@ -143,12 +152,8 @@ class Engine:
         return ids, self.call_constraint(tools, dialect, function, parallel)
 
     def encode(self, messages: list[dict], tools: list[dict] | None = None) -> np.ndarray:
-        """Render chat messages (and tools) with the model's chat template into prompt token ids. Control-token
-        strings in the messages and tools are tokenized as text: only the template's own markup is control
-        tokens (oospec.tools.chat_text)."""
-        validate_messages(messages)
-        client = ClientText(self.tokenizer)
-        return client.encode_array(render_chat(client, client.mark(messages), client.mark(tools)))
+        """The prompt token ids of chat messages (and tools): `encode_chat` with this engine's tokenizer."""
+        return encode_chat(self.tokenizer, messages, tools)
 
     def prepare(self, request: Request) -> Request:
         """`request` itself, made ready to decode: its prompt rendered from the messages and chat tools when it has
