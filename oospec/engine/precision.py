@@ -98,12 +98,16 @@ def probe(model, *, trees: tuple[int, ...] = PROBE_TREES, prompt_len: int = PROB
 VERDICTS = "dtype-verdicts.json"  # in oospec's cache (oospec.models.provision.read_record)
 
 
-def _verdict_key(folder: Path) -> str:
+def _verdict_key(source: Path) -> str:
+    """A model folder's or GGUF's verdict key: the processor, torch, the kernels' build and the model."""
     from oospec.engine.kernels import build_key
     from oospec.models.cpu_features import cpu_model
 
-    config = (folder / "config.json").read_bytes() if (folder / "config.json").is_file() else b""
-    model = hashlib.sha256(str(folder.resolve()).encode() + config).hexdigest()[:16]
+    if source.is_file():  # a GGUF: its path and size (the kernels' build key covers how it is read)
+        config = str(source.stat().st_size).encode()
+    else:
+        config = (source / "config.json").read_bytes() if (source / "config.json").is_file() else b""
+    model = hashlib.sha256(str(source.resolve()).encode() + config).hexdigest()[:16]
     return f"{cpu_model()} | {platform.machine()} | torch {torch.__version__} | kernels {build_key()} | model {model}"
 
 
@@ -143,20 +147,35 @@ def _load_accelerator(name_or_path, dtype: str, device: str, optimize: bool, say
     return model, tokenizer, note
 
 
+def _loader(source: Path, device: str):
+    """dtype name -> (model, tokenizer) for `source`: a GGUF through the quantized loader (its weights kept in
+    their blocks), a folder through transformers."""
+    from oospec.models.loading import load_model
+
+    if source.suffix.lower() == ".gguf":
+        from oospec.engine.quantized import load_gguf_model
+
+        return lambda dtype: load_gguf_model(source, dtype=getattr(torch, dtype))
+    return lambda dtype: load_model(source, dtype=dtype, device=device)
+
+
 def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optimize: bool = True, say=None):
-    """(model, tokenizer, note) for a target: `dtype="auto"` resolved as the module docstring says.
+    """(model, tokenizer, note) for a target: `dtype="auto"` resolved as the module docstring says. On a CPU a
+    known model runs from its GGUF (`provision.resolve_target`), as does a `.gguf` path.
 
     say: called with the one-line note on what auto chose (default: printed to stderr)."""
     from oospec.engine.kernels import native
     from oospec.models.cpu_features import native_bf16
-    from oospec.models.loading import BatchVarianceWarning, load_model
-    from oospec.models.provision import oospec_home, read_record, resolve_model_path, write_record
+    from oospec.models.loading import BatchVarianceWarning
+    from oospec.models.provision import oospec_home, read_record, resolve_target, write_record
 
     say = say or (lambda line: print(line, file=sys.stderr))
     if not str(device).startswith("cpu"):
         return _load_accelerator(name_or_path, dtype, device, optimize, say)
+    source = resolve_target(name_or_path)
+    load = _loader(source, device)
     if dtype != "auto":
-        model, tokenizer = load_model(name_or_path, dtype=dtype, device=device)
+        model, tokenizer = load(dtype)
         report = prepare(model, optimize)
         if dtype == "bfloat16" and native_bf16() and not report["applied"]:
             warnings.warn(f"bfloat16 without the invariant kernels ({report['reason']}) runs oneDNN's native kernels, "
@@ -167,14 +186,13 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
     why_not = ("this CPU has no native bfloat16" if flag is None else "optimize is off" if not optimize
                else "the C++ invariant kernels are not built" if native() is None else "")
     if why_not:
-        model, tokenizer = load_model(name_or_path, dtype="float32", device=device)
+        model, tokenizer = load("float32")
         prepare(model, optimize)
         return model, tokenizer, f"--dtype auto: float32 ({why_not})"
-    folder = resolve_model_path(name_or_path)
-    key = _verdict_key(folder)
+    key = _verdict_key(source)
     cached = read_record(VERDICTS).get(key)
     if cached is None or cached.get("dtype") == "bfloat16":
-        model, tokenizer = load_model(folder, dtype="bfloat16", device=device)
+        model, tokenizer = load("bfloat16")
         report = prepare(model)
         if cached is None:
             result = probe(model) if report["applied"] else ProbeResult(False, f"not installed: {report['reason']}")
@@ -186,7 +204,7 @@ def load_target(name_or_path, *, dtype: str = "auto", device: str = "cpu", optim
             say(note)
             return model, tokenizer, note
         del model
-    model, tokenizer = load_model(folder, dtype="float32", device=device)
+    model, tokenizer = load("float32")
     prepare(model)
     note = f"--dtype auto: float32 (bfloat16 failed the invariance probe: {cached['detail']})"
     say(note)

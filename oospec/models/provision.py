@@ -349,13 +349,17 @@ def _write_marker(spec: ModelSpec, folder: Path, extra: dict) -> None:
 # --------------------------------------------------------------------------------------------- pull
 
 
+VERIFIED = "verified-ggufs.json"  # GGUF path -> the size and modification time it had when its hash matched
+
+
 def _ensure_gguf(spec: ModelSpec, progress: bool) -> Path:
     """The verified GGUF of `spec` in the cache, downloaded and assembled if it is missing or fails its check.
-    The caller holds the model's lock."""
+    A file whose SHA-256 matched is not hashed again while its size and modification time stay the same (hashing
+    the 1.1 GB target takes seconds on every load otherwise). The caller holds the model's lock."""
     gguf = _gguf_path(spec)
     downloads = _download_dir(spec)
     have_gguf = gguf.is_file() and gguf.stat().st_size == spec.size_bytes
-    if have_gguf:
+    if have_gguf and read_record(VERIFIED).get(str(gguf)) != _stamp(gguf, spec):
         _say(progress, f"Verifying {gguf} ...")
         if _sha256_file(gguf) != spec.sha256:
             _unlink(gguf)
@@ -368,15 +372,26 @@ def _ensure_gguf(spec: ModelSpec, progress: bool) -> Path:
         _verify(spec, written, digest, partial, downloads)
         os.replace(partial, gguf)
         shutil.rmtree(downloads, ignore_errors=True)  # the verified GGUF holds all their bytes
+    write_record(VERIFIED, str(gguf), _stamp(gguf, spec))
     return gguf
+
+
+def _stamp(path: Path, spec: ModelSpec) -> dict:
+    stat = path.stat()
+    return {"sha256": spec.sha256, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
 def pull_gguf(name: str, *, progress: bool = True) -> Path:
     """The verified GGUF of the known model `name`, kept in the cache as it was published (nothing expanded):
-    what quantized loading (oospec.engine.quantized) reads. Checked against its SHA-256 on every call."""
+    what a CPU target loads (oospec.engine.quantized), with its config and tokenizer read once from the
+    metadata (`gguf_weights.metadata_folder`)."""
+    from oospec.models.gguf_weights import metadata_folder
+
     spec = _require_spec(name)
     with _lock(spec.name):
-        return _ensure_gguf(spec, progress)
+        gguf = _ensure_gguf(spec, progress)
+    metadata_folder(gguf)
+    return gguf
 
 
 def pull(
@@ -440,12 +455,29 @@ def remove(name: str) -> bool:
 # --------------------------------------------------------------------------------------------- resolve
 
 
+def _looks_like_path(name_or_path) -> bool:
+    text = os.fspath(name_or_path)
+    return isinstance(name_or_path, os.PathLike) or os.sep in text or text.startswith((".", "~"))
+
+
+def resolve_target(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
+    """What a CPU target loads: a known model's verified GGUF (pulled if missing; nothing expanded), a `.gguf`
+    file, or a Hugging Face folder (as `resolve_model_path`)."""
+    text = os.fspath(name_or_path)
+    spec = None if _looks_like_path(name_or_path) else get_spec(text)
+    if spec is not None:
+        return pull_gguf(spec.name, progress=progress)
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        return path.resolve()
+    return resolve_model_path(name_or_path, progress=progress)
+
+
 def resolve_model_path(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
     """A folder transformers can load: a known model name (pulled first if it is not cached yet), or an
     existing local Hugging Face folder with a config.json. Raises ``ModelNotFoundError`` otherwise."""
     text = os.fspath(name_or_path)
-    looks_like_path = isinstance(name_or_path, os.PathLike) or os.sep in text or text.startswith((".", "~"))
-    spec = None if looks_like_path else get_spec(text)
+    spec = None if _looks_like_path(name_or_path) else get_spec(text)
     if spec is not None:
         folder = model_dir(spec.name)
         if _is_complete(spec, folder):
@@ -463,6 +495,7 @@ def resolve_model_path(name_or_path: str | os.PathLike, *, progress: bool = True
     if path.is_file():
         raise ModelNotFoundError(
             f"{path} is a file; oospec wants a model folder (with config.json) or a known model name: "
-            f"{', '.join(sorted(KNOWN_MODELS))}. To use a GGUF file, convert it with transformers first."
+            f"{', '.join(sorted(KNOWN_MODELS))}. A .gguf file loads directly as a CPU target (--model FILE.gguf); "
+            f"this use needs the float weights of a folder."
         )
     raise ModelNotFoundError(unknown_model_message(text))
