@@ -7,15 +7,18 @@ k-token tree speeds decoding up by (a+1) * c(1) / c(k).
 from __future__ import annotations
 
 import json
-import platform
 import statistics
+import subprocess
+import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from oospec.engine.target import TargetBackend
+from oospec.models.cpu_features import cpu_model
 from oospec.engine.tree import TokenTree
 
 
@@ -48,7 +51,7 @@ def measure(model: torch.nn.Module, prompt_len: int, ks, repeats: int, seed: int
     return {
         "model": getattr(model.config, "_name_or_path", "") or model.config.model_type,
         "device": str(param.device),
-        "device_name": torch.cuda.get_device_name(param.device) if param.is_cuda else platform.processor(),
+        "device_name": torch.cuda.get_device_name(param.device) if param.is_cuda else cpu_model(),
         "dtype": str(param.dtype).replace("torch.", ""),
         "threads": torch.get_num_threads(),
         "prompt_len": prompt_len,
@@ -60,9 +63,25 @@ def measure(model: torch.nn.Module, prompt_len: int, ks, repeats: int, seed: int
     }
 
 
+@contextmanager
+def busy_processes(n: int):
+    """n single-threaded busy loops (separate processes) for the length of the block: the other programs of a
+    machine the model shares, for measuring how the kernels degrade."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(max(0, n))]
+    try:
+        time.sleep(0.2 if loops else 0)  # scheduled before the clock starts
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def format_table(result: dict) -> str:
+    busy = f", {result['busy_processes']} busy process(es) beside" if result.get("busy_processes") else ""
     lines = [f"cost curve: {result['model']} on {result['device_name'] or result['device']} ({result['dtype']}, "
-             f"{result['threads']} threads), prompt {result['prompt_len']} tokens, median of {result['repeats']}",
+             f"{result['threads']} threads{busy}), prompt {result['prompt_len']} tokens read at "
+             f"{result['prompt_len'] / result['prefill_s']:.0f} tokens/s, median of {result['repeats']}",
              "| k | seconds | c(k)/c(1) |", "|---:|---:|---:|"]
     for k in result["ks"]:
         lines.append(f"| {k} | {result['seconds'][str(k)]:.4f} | {result['ratio'][str(k)]:.2f} |")

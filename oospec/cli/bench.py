@@ -45,15 +45,17 @@ def cmd_bench_cost_curve(args) -> None:
 
         model = random_model(args.random_init, dtype, args.device)
         model.config._name_or_path = f"random:{args.random_init}"
-    else:
-        from oospec.models.loading import load_model
+        from oospec.engine.precision import prepare
 
-        model, _ = load_model(args.model, dtype=args.dtype, device=args.device)
+        prepare(model, not args.no_optimize)  # the target's kernels (the invariant forward), as Engine uses them
+    else:  # as Engine loads a target: a known model from its GGUF on a CPU, the kernels installed
+        from oospec.engine.precision import load_target
+
+        model, _, _ = load_target(args.model, dtype=args.dtype, device=args.device, optimize=not args.no_optimize)
         model.config._name_or_path = args.model
-    from oospec.engine.precision import prepare
-
-    prepare(model, not args.no_optimize)  # the target's kernels (the invariant forward), as Engine uses them
-    result = cost_curve.measure(model, prompt_len=args.prompt_len, ks=ks, repeats=args.repeats)
+    with cost_curve.busy_processes(args.busy):
+        result = cost_curve.measure(model, prompt_len=args.prompt_len, ks=ks, repeats=args.repeats)
+    result["busy_processes"] = args.busy
     result["optimized"] = not args.no_optimize
     print(cost_curve.format_table(result))
     if args.out:
@@ -239,6 +241,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--prompt-len", type=positive_int, default=580)
     p.add_argument("--ks", default="1,2,4,8,16,32,64", help="comma list of draft sizes k")
     p.add_argument("--repeats", type=positive_int, default=5)
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="run N single-threaded busy loops beside the measurement (a laptop's other programs)")
     p.add_argument("--out", help="write the curve as JSON here")
     add_runtime_options(p)
     p.set_defaults(func=cmd_bench_cost_curve)

@@ -27,6 +27,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -145,6 +146,27 @@ void tile(const T* w, int64_t pe, int nj, const T* x, int64_t ldx, int rows, int
 
 inline int64_t ksteps(int64_t K, int width) { return (K + width - 1) / width; }
 
+// Units [0, n) shared by the threads, claimed a chunk at a time from a counter rather than split in equal parts
+// up front: a thread the system pauses (another program wants its core) then holds back one chunk, not half the
+// product, and the threads still running take the rest. Each unit is computed the same way whoever claims it,
+// so the bits do not depend on the thread count or on who ran what. `grain`: the fewest units worth a thread.
+// setup() makes a thread's private state once; body(state, u0, u1) computes units u0 .. u1.
+template <class Setup, class Body>
+void claim_parallel(int64_t n, int64_t grain, Setup setup, Body body) {
+  const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / std::max<int64_t>(1, grain)));
+  if (threads == 1) {
+    auto state = setup();
+    body(state, 0, n);
+    return;
+  }
+  const int64_t chunk = std::max<int64_t>(1, n / (threads * 8));
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
+    auto state = setup();
+    for (int64_t u0 = next.fetch_add(chunk); u0 < n; u0 = next.fetch_add(chunk)) body(state, u0, std::min(n, u0 + chunk));
+  });
+}
+
 // Where a tile reads its weights. Both give the same panels (pack_linear's layout), so the same products in the
 // same order: `Prepacked` points into panels packed once at load; `QuantRows` dequantizes them from GGUF blocks
 // per chunk into a small buffer (`scratch`) that every row block of the forward then reads.
@@ -242,9 +264,14 @@ void packed_impl(const T* x, int64_t ldx, const Source& src, const T* b, T* y, i
   const int64_t row_blocks = (M + RMAX - 1) / RMAX;
   // Threads only for at least half a megabyte of weights each: waking them costs more on small matrices.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (NJ * pe * static_cast<int64_t>(sizeof(T))));
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    std::vector<float> acc(static_cast<size_t>(M) * NJ * 16);
-    std::vector<T> scratch(static_cast<size_t>(NJ * src.scratch_elems(std::min(steps, KC))));
+  struct Buffers { std::vector<float> acc; std::vector<T> scratch; };
+  const auto buffers = [&] {
+    return Buffers{std::vector<float>(static_cast<size_t>(M) * NJ * 16),
+                   std::vector<T>(static_cast<size_t>(NJ * src.scratch_elems(std::min(steps, KC))))};
+  };
+  claim_parallel(groups, grain, buffers, [&](Buffers& buf, int64_t g0, int64_t g1) {
+    std::vector<float>& acc = buf.acc;
+    std::vector<T>& scratch = buf.scratch;
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = g * NJ;
       const int nj = static_cast<int>(std::min<int64_t>(NJ, panels - p0));
@@ -367,12 +394,22 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
   const int64_t groups = (panels + 1) / 2;
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (2 * pe * static_cast<int64_t>(sizeof(bf16))));
   const int64_t tail_pairs = steps % TILE_PAIRS;
-  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    configure(rows);
+  struct Buffers {  // per thread: its tile configuration is loaded with them
     alignas(64) float c[2 * TILE_ROWS * 32];
     alignas(64) bf16 tail[2 * TILE_ELEMS];
-    // a quantized weight's two panels, dequantized over the whole of K: C stays in its tiles across k
-    std::vector<bf16> scratch(static_cast<size_t>(2 * src.scratch_elems(steps)));
+    std::vector<bf16> scratch;  // a quantized weight's two panels over the whole of K: C stays in its tiles
+    ~Buffers() { _tile_release(); }  // the thread's tiles, configured when these were made
+  };
+  const auto buffers = [&] {
+    configure(rows);
+    auto buf = std::make_unique<Buffers>();
+    buf->scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));
+    return buf;
+  };
+  claim_parallel(groups, grain, buffers, [&](std::unique_ptr<Buffers>& buf, int64_t g0, int64_t g1) {
+    float* c = buf->c;
+    bf16* tail = buf->tail;
+    std::vector<bf16>& scratch = buf->scratch;
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = 2 * g;
       const int nb = static_cast<int>(std::min<int64_t>(2, panels - p0));
@@ -380,7 +417,7 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
       const bf16* base = src.panels(p0, nb, 0, steps, scratch.data(), stride, first);
       const bf16* b[2] = {base, base + (nb - 1) * stride};
       if (tail_pairs) {
-        std::memset(tail, 0, sizeof(tail));
+        std::memset(tail, 0, sizeof(buf->tail));
         for (int j = 0; j < nb; ++j)
           std::memcpy(tail + j * TILE_ELEMS, b[j] + (tiles - 1) * TILE_ELEMS, tail_pairs * 32 * sizeof(bf16));
       }
@@ -401,7 +438,6 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
           }
       }
     }
-    _tile_release();
   });
 }
 
@@ -567,7 +603,7 @@ void huge_pages(void* p, int64_t bytes) {
 repack::Format checked_format(int64_t type, int64_t K, const char* who) {
   const repack::Format f = repack::format(static_cast<int>(type));
   TORCH_CHECK(f.group > 0, who, ": GGUF type ", type, " is not regrouped");
-  TORCH_CHECK(K % f.group == 0, who, ": K = ", K, " is not a multiple of the type's group of ", f.group);
+  TORCH_CHECK(K % f.super == 0, who, ": K = ", K, " is not a multiple of the type's block of ", f.super);
   return f;
 }
 }  // namespace

@@ -15,12 +15,16 @@
 // a = d * sc is exact (an 11-bit float16 times a sub-scale of at most 8 bits), so it can be computed once at
 // load. The tests compare every element with gguf-py, signed zeros included.
 //
-// Layout: panel p (rows 16p .. 16p+15; rows past N are zeros, a = b = q = 0, so w = 0 as pack_linear pads), then
-// per group of G k (k-major), `group_bytes`: a [16] float32, b [16] float32 (stored types only), then the quants:
+// Layout: panel p (rows 16p .. 16p+15; rows past N are zeros, so w = 0 as pack_linear pads), made of super-blocks
+// of S k (the type's block: 256 for the K-quants, 32 otherwise), k-major. A super-block starts with its header,
+// the 16 rows' float16 block scales (d, then dmin, or -m for Q4_1: 32 or 64 bytes), then holds S / G groups:
+// the 16 rows' sub-scales (K-quants: sc then m, a byte each per row; Q6_K: a signed sc), then the quants:
 //   4-bit: G/2 x 16 bytes, byte l of pair i = q(2i, l) & 15 | (q(2i+1, l) & 15) << 4
 //   5-bit: then G/8 x 16 bytes, bit j of byte l of octet i = bit 4 of q(8i + j, l)
 //   6-bit: then G/4 x 16 bytes, bits 2j, 2j+1 of byte l of quad i = bits 4, 5 of q(4i + j, l)
 //   8-bit: G x 16 signed bytes, byte l of k = q(k, l)
+// The bytes are the file's, moved: a regrouped weight is the GGUF's size (Q4_K: 4.625 bits a weight, 4.5 in the
+// file). a = d * sc and b = dmin * m are made per group, as gguf-py makes them.
 
 #pragma once
 
@@ -34,45 +38,55 @@
 namespace oospec::repack {
 
 struct Format {
-  int group = 0;      // G: elements of one row that share a and b (0: a type not regrouped)
-  int bits = 0;       // 4, 5, 6 or 8 (8: signed)
-  int b_mode = 0;     // 0: a * q - b, b stored; 1: a * (q - offset); 2: a * q, q signed
-  int offset = 0;     // for b_mode 1
-  int64_t group_bytes() const {
-    if (!group) return 0;
-    const int64_t scales = 64 + (b_mode == 0 ? 64 : 0);
+  int group = 0;       // G: elements of one row that share a and b (0: a type not regrouped)
+  int super = 0;       // S: elements of one row per header (the type's block)
+  int bits = 0;        // 4, 5, 6 or 8 (8: signed)
+  int b_mode = 0;      // 0: a * q - b; 1: a * (q - offset); 2: a * q, q signed
+  int offset = 0;      // for b_mode 1
+  int header = 0;      // float16 scales per row in a header: 1 (d) or 2 (d and dmin, or d and -m)
+  int subscales = 0;   // bytes per row in a group: 0 (a = d, b = the header's second), 1 (a = d * sc, sc signed),
+                       // 2 (a = d * sc, b = dmin * m)
+  constexpr int64_t group_bytes() const {
     const int64_t planes = bits == 8 ? group * 16 : group * 8 + (bits == 5 ? group * 2 : bits == 6 ? group * 4 : 0);
-    return scales + planes;
+    return 16 * subscales + planes;
   }
+  constexpr int64_t super_bytes() const { return 32 * header + super / group * group_bytes(); }
 };
 
-inline Format format(int type) {
-  using namespace quants;
+constexpr Format format(int type) {
   switch (type) {
-    case Q4_K: return {32, 4, 0, 0};
-    case Q5_K: return {32, 5, 0, 0};
-    case Q6_K: return {16, 6, 1, 32};
-    case Q4_0: return {32, 4, 1, 8};
-    case Q5_0: return {32, 5, 1, 16};
-    case Q4_1: return {32, 4, 0, 0};
-    case Q8_0: return {32, 8, 2, 0};
+    case quants::Q4_K: return {32, 256, 4, 0, 0, 2, 2};
+    case quants::Q5_K: return {32, 256, 5, 0, 0, 2, 2};
+    case quants::Q6_K: return {16, 256, 6, 1, 32, 1, 1};
+    case quants::Q4_0: return {32, 32, 4, 1, 8, 1, 0};
+    case quants::Q5_0: return {32, 32, 5, 1, 16, 1, 0};
+    case quants::Q4_1: return {32, 32, 4, 0, 0, 2, 0};
+    case quants::Q8_0: return {32, 32, 8, 2, 0, 1, 0};
     default: return {};
   }
 }
 
-inline int64_t panel_bytes(const Format& f, int64_t K) { return K / f.group * f.group_bytes(); }
+constexpr int64_t panel_bytes(const Format& f, int64_t K) { return K / f.super * f.super_bytes(); }
 
-// One group of one row from its GGUF block: a, b (b_mode 0 only) and the G quants (signed for Q8_0). `g` is the
-// group's index inside the block.
-inline void decode_group(int type, const uint8_t* blk, int g, float& a, float& b, int* q) {
+// The float16 bits of a block's header scales (h[1]: dmin, or -m for Q4_1, whose m is added).
+inline void decode_header(int type, const uint8_t* blk, uint16_t* h) {
+  using namespace quants;
+  const uint8_t* at = type == Q6_K ? blk + 208 : blk;
+  std::memcpy(&h[0], at, 2);
+  if (type == Q4_K || type == Q5_K) std::memcpy(&h[1], blk + 2, 2);
+  if (type == Q4_1) { std::memcpy(&h[1], blk + 2, 2); h[1] ^= 0x8000; }  // -m: exact
+}
+
+inline bool finite_half(uint16_t h) { return (h & 0x7C00) != 0x7C00; }
+
+// One group of one row from its GGUF block: its sub-scales (sc, m; K-quants only) and its G quants (signed for
+// Q8_0). `g` is the group's index inside the block.
+inline void decode_group(int type, const uint8_t* blk, int g, int& sc, int& m, int* q) {
   using namespace quants;
   switch (type) {
     case Q4_K:
     case Q5_K: {
-      int sc, m;
       scale_min_k4(blk + 4, g, sc, m);
-      a = half_at(blk) * static_cast<float>(sc);
-      b = half_at(blk + 2) * static_cast<float>(m);
       const uint8_t* qs = type == Q5_K ? blk + 48 : blk + 16;
       for (int j = 0; j < 32; ++j) {
         q[j] = (qs[32 * (g / 2) + j] >> (4 * (g % 2))) & 15;
@@ -81,7 +95,7 @@ inline void decode_group(int type, const uint8_t* blk, int g, float& a, float& b
       break;
     }
     case Q6_K: {
-      a = half_at(blk + 208) * static_cast<float>(reinterpret_cast<const int8_t*>(blk + 192)[g]);
+      sc = reinterpret_cast<const int8_t*>(blk + 192)[g];
       for (int j = 0; j < 16; ++j) {
         const int e = 16 * g + j, h = e / 128, r = e % 128;
         const int lo = (blk[64 * h + r % 64] >> (4 * (r / 64))) & 15;
@@ -92,14 +106,11 @@ inline void decode_group(int type, const uint8_t* blk, int g, float& a, float& b
     }
     case Q4_0:
     case Q4_1: {
-      a = half_at(blk);
-      if (type == Q4_1) b = -half_at(blk + 2);
       const uint8_t* qs = blk + (type == Q4_1 ? 4 : 2);
       for (int j = 0; j < 16; ++j) { q[j] = qs[j] & 15; q[j + 16] = qs[j] >> 4; }
       break;
     }
     case Q5_0: {
-      a = half_at(blk);
       uint32_t qh;
       std::memcpy(&qh, blk + 2, sizeof(qh));
       for (int j = 0; j < 16; ++j) {
@@ -109,7 +120,6 @@ inline void decode_group(int type, const uint8_t* blk, int g, float& a, float& b
       break;
     }
     case Q8_0: {
-      a = half_at(blk);
       for (int j = 0; j < 32; ++j) q[j] = reinterpret_cast<const int8_t*>(blk + 2)[j];
       break;
     }
@@ -117,47 +127,56 @@ inline void decode_group(int type, const uint8_t* blk, int g, float& a, float& b
 }
 
 // Panel p of a weight [N, K] whose row n's blocks start at raw + n * row_stride, into `out` (panel_bytes).
-// Returns false if a scale is not finite (such a weight stays on the file's blocks: no fast path assumes it).
+// Returns false if a block scale is not finite (such a weight stays on the file's blocks: no fast path assumes it).
 inline bool pack_panel(int type, const uint8_t* raw, int64_t row_stride, int64_t N, int64_t K, int64_t p,
                        uint8_t* out) {
   const Format f = format(type);
   const quants::Layout l = quants::layout(type);
   const int G = f.group;
-  const int64_t gb = f.group_bytes(), groups = K / G;
-  std::memset(out, 0, static_cast<size_t>(groups * gb));
+  const int64_t gb = f.group_bytes(), sbb = f.super_bytes(), supers = K / f.super;
+  std::memset(out, 0, static_cast<size_t>(supers * sbb));
   int q[32];
   bool finite = true;
   for (int lane = 0; lane < 16; ++lane) {
     const int64_t n = p * 16 + lane;
     if (n >= N) break;
     const uint8_t* row = raw + n * row_stride;
-    for (int64_t g = 0; g < groups; ++g) {
-      const int64_t e0 = g * G;
-      float a = 0.f, b = 0.f;
-      decode_group(type, row + e0 / l.elems * l.bytes, static_cast<int>(e0 % l.elems / G), a, b, q);
-      finite = finite && std::isfinite(a) && std::isfinite(b);
-      uint8_t* grp = out + g * gb;
-      std::memcpy(grp + 4 * lane, &a, 4);
-      if (f.b_mode == 0) std::memcpy(grp + 64 + 4 * lane, &b, 4);
-      uint8_t* plane = grp + (f.b_mode == 0 ? 128 : 64);
-      if (f.bits == 8) {
-        for (int k = 0; k < G; ++k) plane[k * 16 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
-        continue;
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* blk = row + s * f.super / l.elems * l.bytes;  // a super-block is one of the file's blocks
+      uint8_t* sb = out + s * sbb;
+      uint16_t h[2] = {0, 0};
+      decode_header(type, blk, h);
+      for (int i = 0; i < f.header; ++i) {
+        finite = finite && finite_half(h[i]);
+        std::memcpy(sb + 32 * i + 2 * lane, &h[i], 2);
       }
-      for (int k = 0; k < G; ++k) plane[(k / 2) * 16 + lane] |= static_cast<uint8_t>((q[k] & 15) << (4 * (k % 2)));
-      uint8_t* high = plane + G * 8;
-      if (f.bits == 5)
-        for (int k = 0; k < G; ++k) high[(k / 8) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (k % 8));
-      if (f.bits == 6)
-        for (int k = 0; k < G; ++k) high[(k / 4) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 3) << (2 * (k % 4)));
+      for (int g = 0; g < f.super / G; ++g) {
+        int sc = 0, m = 0;
+        decode_group(type, blk, g, sc, m, q);
+        uint8_t* grp = sb + 32 * f.header + g * gb;
+        if (f.subscales >= 1) grp[lane] = static_cast<uint8_t>(sc);
+        if (f.subscales == 2) grp[16 + lane] = static_cast<uint8_t>(m);
+        uint8_t* plane = grp + 16 * f.subscales;
+        if (f.bits == 8) {
+          for (int k = 0; k < G; ++k) plane[k * 16 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
+          continue;
+        }
+        for (int k = 0; k < G; ++k) plane[(k / 2) * 16 + lane] |= static_cast<uint8_t>((q[k] & 15) << (4 * (k % 2)));
+        uint8_t* high = plane + G * 8;
+        if (f.bits == 5)
+          for (int k = 0; k < G; ++k) high[(k / 8) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (k % 8));
+        if (f.bits == 6)
+          for (int k = 0; k < G; ++k) high[(k / 4) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 3) << (2 * (k % 4)));
+      }
     }
   }
   return finite;
 }
 
 // ---- making weights from the regrouped panels -------------------------------------------------------------
-// The 16 lanes of one k: w = a * q - b, one multiply and one subtract (-ffp-contract=off keeps them apart).
-// Plain loops over the 16 lanes: the compiler makes each a few vector instructions on every instruction set.
+// The 16 lanes of one k: w = a * q - b (or a * (q - offset), or a * q), a and b made per group as gguf-py makes
+// them (a = d * sc, b = dmin * m: exact products). Plain loops over the 16 lanes: the compiler makes each a few
+// vector instructions on every instruction set (-ffp-contract=off keeps the multiply and subtract apart).
 
 struct Group {
   float a[16], b[16];
@@ -165,13 +184,24 @@ struct Group {
   const uint8_t* high;   // the 5th / 5th-6th bits
 };
 
-template <int BMode>
-inline Group open_group(const uint8_t* grp, int G) {
+// Group `gi` of the super-block at `sb`.
+template <int Type>
+inline Group open_group(const uint8_t* sb, int64_t gi) {
+  constexpr Format f = format(Type);
   Group g;
-  std::memcpy(g.a, grp, 64);
-  if constexpr (BMode == 0) std::memcpy(g.b, grp + 64, 64);
-  g.plane = grp + (BMode == 0 ? 128 : 64);
-  g.high = g.plane + G * 8;
+  const uint8_t* grp = sb + 32 * f.header + gi * f.group_bytes();
+  for (int l = 0; l < 16; ++l) {
+    const float d = quants::half_at(sb + 2 * l);
+    const float h1 = f.header == 2 ? quants::half_at(sb + 32 + 2 * l) : 0.f;
+    if constexpr (f.subscales == 0) { g.a[l] = d; g.b[l] = h1; }
+    if constexpr (f.subscales == 1) g.a[l] = d * static_cast<float>(static_cast<int8_t>(grp[l]));
+    if constexpr (f.subscales == 2) {
+      g.a[l] = d * static_cast<float>(grp[l]);
+      g.b[l] = h1 * static_cast<float>(grp[16 + l]);
+    }
+  }
+  g.plane = grp + 16 * f.subscales;
+  g.high = g.plane + f.group * 8;
   return g;
 }
 
@@ -215,13 +245,14 @@ inline uint32_t bf16_bits(float x) {  // round to nearest even, as torch (weight
 
 // Panel k range [k0, k1) (whole groups) of the regrouped panel at `panel`, in linear.cpp's layout: float32 [k][16]
 // (Pairs = false) or bfloat16 pairs [k/2][16][2] (Pairs = true, as 32-bit units) at out.
-template <int Bits, int BMode, bool Pairs>
-inline void fill_panel(const uint8_t* panel, int G, int64_t gb, int offset, int64_t k0, int64_t k1, void* out) {
+template <int Type, bool Pairs>
+inline void fill_panel(const uint8_t* panel, int64_t k0, int64_t k1, void* out) {
+  constexpr Format f = format(Type);
   float w0[16], w1[16];
-  for (int64_t g0 = k0; g0 < k1; g0 += G) {
-    const Group g = open_group<BMode>(panel + g0 / G * gb, G);
-    for (int i = 0; i < G / 2; ++i) {
-      pair<Bits, BMode>(g, i, offset, w0, w1);
+  for (int64_t g0 = k0; g0 < k1; g0 += f.group) {
+    const Group g = open_group<Type>(panel + g0 / f.super * f.super_bytes(), g0 % f.super / f.group);
+    for (int i = 0; i < f.group / 2; ++i) {
+      pair<f.bits, f.b_mode>(g, i, f.offset, w0, w1);
       const int64_t k = g0 - k0 + 2 * i;
       if constexpr (Pairs) {
         uint32_t* o = static_cast<uint32_t*>(out) + (k / 2) * 16;
@@ -240,9 +271,8 @@ inline void fill_panel(const uint8_t* panel, int G, int64_t gb, int offset, int6
 // bfloat16 pairs: VCVTNE2PS2BF16 rounds to nearest even as torch does for every finite weight that is not a
 // float32 subnormal, and none is (each is 0 or at least the smallest float16 subnormal scale, 2^-24, in size);
 // without the instruction the rounding is torch's integer form.
-template <int Bits, int BMode>
+template <int Bits>
 inline void quants16(const Group& g, int i, __m512i& q0, __m512i& q1) {
-  const __m512i low4 = _mm512_set1_epi32(15);
   if constexpr (Bits == 8) {
     const uint8_t* s = g.plane + 32 * i;
     q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
@@ -250,7 +280,7 @@ inline void quants16(const Group& g, int i, __m512i& q0, __m512i& q1) {
     return;
   }
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.plane + 16 * i)));
-  q0 = _mm512_and_si512(v, low4);
+  q0 = _mm512_and_si512(v, _mm512_set1_epi32(15));
   q1 = _mm512_srli_epi32(v, 4);
   if constexpr (Bits == 5 || Bits == 6) {
     constexpr int per = Bits == 5 ? 4 : 2;  // pairs per byte of high bits
@@ -269,32 +299,50 @@ inline void quants16(const Group& g, int i, __m512i& q0, __m512i& q1) {
 
 constexpr int64_t PREFETCH_BYTES = 4096;
 
-template <int Bits, int BMode, bool Pairs>
-inline void fill_panel_avx512(const uint8_t* panel, int G, int64_t gb, int offset, int64_t k0, int64_t k1, void* out) {
-  const __m512i off = _mm512_set1_epi32(offset);
+inline __m512 halves16(const uint8_t* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+template <int Type, bool Pairs>
+inline void fill_panel_avx512(const uint8_t* panel, int64_t k0, int64_t k1, void* out) {
+  constexpr Format f = format(Type);
+  constexpr int G = f.group;
+  const __m512i off = _mm512_set1_epi32(f.offset);
   const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
                                               22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  __m512 d = _mm512_setzero_ps(), h1 = _mm512_setzero_ps();
   for (int64_t g0 = k0; g0 < k1; g0 += G) {
-    const uint8_t* grp = panel + g0 / G * gb;
+    const uint8_t* sb = panel + g0 / f.super * f.super_bytes();
+    const int64_t gi = g0 % f.super / G;
+    if (gi == 0 || g0 == k0) {
+      d = halves16(sb);
+      if constexpr (f.header == 2) h1 = halves16(sb + 32);
+    }
+    const uint8_t* grp = sb + 32 * f.header + gi * f.group_bytes();
     // the regrouped weights stream from memory in order: ask for the bytes PREFETCH_BYTES ahead (past this
     // panel's end they are the next panel's, which the caller reads next; past the weight's end, dropped)
-    for (int64_t line = 0; line < gb; line += 64) __builtin_prefetch(grp + PREFETCH_BYTES + line, 0, 2);
+    for (int64_t line = 0; line < f.group_bytes(); line += 64) __builtin_prefetch(grp + PREFETCH_BYTES + line, 0, 2);
     Group g;
-    g.plane = grp + (BMode == 0 ? 128 : 64);
+    g.plane = grp + 16 * f.subscales;
     g.high = g.plane + G * 8;
-    const __m512 a = _mm512_loadu_ps(grp);
-    const __m512 b = BMode == 0 ? _mm512_loadu_ps(grp + 64) : _mm512_setzero_ps();
+    __m512 a = d, b = h1;
+    if constexpr (f.subscales == 1) {
+      a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
+    } else if constexpr (f.subscales == 2) {
+      a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
+      b = _mm512_mul_ps(h1, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)))));
+    }
     for (int i = 0; i < G / 2; ++i) {
       __m512i q0, q1;
-      quants16<Bits, BMode>(g, i, q0, q1);
-      if constexpr (BMode == 1) { q0 = _mm512_sub_epi32(q0, off); q1 = _mm512_sub_epi32(q1, off); }
+      quants16<f.bits>(g, i, q0, q1);
       __m512 w0, w1;
-      if constexpr (BMode == 0) {
+      if constexpr (f.b_mode == 0) {
         // a * q is exact for these types (a's 17 significant bits at most, q's 5), so one fused rounding of
         // a * q - b is the separate subtract's rounding: the same bits with one instruction fewer
         w0 = _mm512_fmsub_ps(a, _mm512_cvtepi32_ps(q0), b);
         w1 = _mm512_fmsub_ps(a, _mm512_cvtepi32_ps(q1), b);
       } else {
+        if constexpr (f.b_mode == 1) { q0 = _mm512_sub_epi32(q0, off); q1 = _mm512_sub_epi32(q1, off); }
         w0 = _mm512_mul_ps(a, _mm512_cvtepi32_ps(q0));
         w1 = _mm512_mul_ps(a, _mm512_cvtepi32_ps(q1));
       }
@@ -323,28 +371,19 @@ inline void fill_panel_avx512(const uint8_t* panel, int G, int64_t gb, int offse
 }
 #endif
 
-template <int Bits, int BMode, bool Pairs>
-inline void fill_best(const uint8_t* panel, int G, int64_t gb, int offset, int64_t k0, int64_t k1, void* out) {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  fill_panel_avx512<Bits, BMode, Pairs>(panel, G, gb, offset, k0, k1, out);
-#else
-  fill_panel<Bits, BMode, Pairs>(panel, G, gb, offset, k0, k1, out);
-#endif
-}
-
-// The dispatch over types, compiled once per (bits, b mode, layout).
+// The dispatch over types, each compiled with its format as constants.
 template <bool Pairs>
 inline void fill(int type, const uint8_t* panel, int64_t k0, int64_t k1, void* out) {
-  const Format f = format(type);
-  const int64_t gb = f.group_bytes();
-  switch (f.bits * 4 + f.b_mode) {
-    case 4 * 4 + 0: return fill_best<4, 0, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
-    case 4 * 4 + 1: return fill_best<4, 1, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
-    case 5 * 4 + 0: return fill_best<5, 0, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
-    case 5 * 4 + 1: return fill_best<5, 1, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
-    case 6 * 4 + 1: return fill_best<6, 1, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
-    case 8 * 4 + 2: return fill_best<8, 2, Pairs>(panel, f.group, gb, f.offset, k0, k1, out);
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define OOSPEC_FILL_TYPE(T) case quants::T: return fill_panel_avx512<quants::T, Pairs>(panel, k0, k1, out);
+#else
+#define OOSPEC_FILL_TYPE(T) case quants::T: return fill_panel<quants::T, Pairs>(panel, k0, k1, out);
+#endif
+  switch (type) {
+    OOSPEC_FILL_TYPE(Q4_0) OOSPEC_FILL_TYPE(Q4_1) OOSPEC_FILL_TYPE(Q5_0) OOSPEC_FILL_TYPE(Q8_0)
+    OOSPEC_FILL_TYPE(Q4_K) OOSPEC_FILL_TYPE(Q5_K) OOSPEC_FILL_TYPE(Q6_K)
   }
+#undef OOSPEC_FILL_TYPE
 }
 
 }  // namespace oospec::repack
