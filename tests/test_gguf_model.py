@@ -71,7 +71,9 @@ def test_weights_stay_in_their_blocks(models, smollm2_gguf):
     linears = [m for m in quantized.modules() if isinstance(m, QuantizedLinear)]
     assert len(linears) == 7 * quantized.config.num_hidden_layers + 1  # q k v o gate up down, and the head
     assert isinstance(quantized.model.embed_tokens, QuantizedEmbedding)
-    assert quantized.lm_head.raw is quantized.model.embed_tokens.raw  # the tied head reads the embedding's blocks
+    # the tied head reads the embedding's blocks, held once
+    assert quantized.lm_head.weight_blocks is quantized.model.embed_tokens.weight_blocks
+    assert all(m.weight_blocks.regrouped for m in linears)  # Q4_1 and Q8_0: regrouped by 16 rows
     held = {t.data_ptr(): t.nbytes for t in list(quantized.parameters()) + list(quantized.buffers())}
     assert sum(held.values()) < 1.05 * smollm2_gguf.stat().st_size  # float32 would be ~5x the file
 

@@ -75,9 +75,9 @@ def test_transformers_reads_the_shape(tiny_gguf):
 
 
 def test_the_file_is_its_metadata_then_its_aligned_tensors(tiny_gguf):
-    alignment = tiny_gguf.reader.alignment
+    alignment = tiny_gguf.alignment
     tensor_bytes = sum(GGUFWriter.ggml_pad(t.raw.nbytes, alignment) for t in tiny_gguf.tensors.values())
-    assert tiny_gguf.path.stat().st_size == tiny_gguf.reader.data_offset + tensor_bytes
+    assert tiny_gguf.path.stat().st_size == tiny_gguf.data_offset + tensor_bytes
 
 
 def test_the_7b_plan_has_the_type_mix_of_a_real_q4_k_m():

@@ -81,16 +81,16 @@ class GGUFFile:
             self.fields, infos, end = _read_header(self.data)
         except (OSError, ValueError, struct.error, IndexError) as exc:
             raise ModelIntegrityError(f"{self.path} is not a readable GGUF file: {exc}") from exc
-        alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
-        start = -(-end // alignment) * alignment
+        self.alignment = int(self.fields.get("general.alignment", DEFAULT_ALIGNMENT))
+        self.data_offset = start = -(-end // self.alignment) * self.alignment
         self.architecture = self.field("general.architecture")
         self.tensors = {name: _stored(name, dims, qtype, self.data, start + offset)
                         for name, dims, qtype, offset in infos}
 
     def field(self, key: str, default=None):
-        """A scalar or string metadata value, or `default` (arrays are skipped: see the class docstring)."""
+        """A metadata value (a number, a string, or a list of them: arrays are read when asked for), or `default`."""
         value = self.fields.get(key, default)
-        return default if isinstance(value, _SkippedArray) else value
+        return _read_array(self.data, value) if isinstance(value, _SkippedArray) else value
 
     def unsupported(self) -> dict[str, str]:
         """GGUF name -> type name of every tensor whose type the kernels cannot read."""
@@ -122,6 +122,21 @@ class GGUFFile:
 class _SkippedArray:
     kind: int
     count: int
+    at: int  # the first element's offset
+
+
+def _read_array(data: np.ndarray, array: _SkippedArray) -> list:
+    buf = memoryview(data)
+    if array.kind in _SCALARS:
+        return list(struct.unpack_from(f"<{array.count}{_SCALARS[array.kind]}", buf, array.at))
+    if array.kind != _STRING:
+        raise ValueError(f"GGUF arrays of type {array.kind} are not read")
+    out, at = [], array.at
+    for _ in range(array.count):
+        (size,) = struct.unpack_from("<Q", buf, at)
+        out.append(bytes(buf[at + 8:at + 8 + size]).decode("utf-8", errors="replace"))
+        at += 8 + size
+    return out
 
 
 def _read_header(data: np.ndarray):
@@ -163,7 +178,7 @@ def _read_header(data: np.ndarray):
             fields[key], pos = string(pos)
         elif kind == _ARRAY:
             inner, count = struct.unpack_from("<IQ", buf, pos)
-            fields[key] = _SkippedArray(inner, count)
+            fields[key] = _SkippedArray(inner, count, pos + 12)
             pos = skip(inner, pos + 12, count)
         else:
             raise ValueError(f"GGUF value type {kind} at field {key!r}")
@@ -201,7 +216,7 @@ def metadata_folder(path: str | Path) -> Path:
     for a Qwen vocabulary; saved, they load in a fraction of a second."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from oospec.models.provision import oospec_home
+    from oospec.models.registry import oospec_home
 
     path = Path(path).resolve()
     stat = path.stat()

@@ -29,24 +29,13 @@ from pathlib import Path
 
 from oospec.errors import ModelIntegrityError, ModelNotFoundError, OospecError
 from oospec.models.convert import convert_gguf, has_weights
-from oospec.models.registry import KNOWN_MODELS, ModelSpec, get_spec, unknown_model_message
+from oospec.models.registry import oospec_home, KNOWN_MODELS, ModelSpec, get_spec, unknown_model_message
 
 MARKER = "oospec-model.json"
 _CHUNK = 4 * 1024 * 1024
 
 
 # --------------------------------------------------------------------------------------------- paths
-
-
-def oospec_home() -> Path:
-    """Where oospec keeps its cache: ``$OOSPEC_HOME``, else ``$XDG_CACHE_HOME/oospec``, else ``~/.cache/oospec``."""
-    env = os.environ.get("OOSPEC_HOME")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "oospec"
-    return Path.home() / ".cache" / "oospec"
 
 
 def read_record(name: str) -> dict:

@@ -11,7 +11,9 @@ The packages, versions and hashes are the ones shared/MODELS.md (in the steering
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from pathlib import Path
 
 
 @dataclass(frozen=True)
@@ -122,3 +124,14 @@ def unknown_model_message(name: str, folder_ok: bool = True) -> str:
 def get_spec(name: str) -> ModelSpec | None:
     """The spec for a known model name (case-insensitive), or None."""
     return KNOWN_MODELS.get(name) or KNOWN_MODELS.get(name.strip().lower())
+
+
+def oospec_home() -> Path:
+    """Where oospec keeps its cache: ``$OOSPEC_HOME``, else ``$XDG_CACHE_HOME/oospec``, else ``~/.cache/oospec``."""
+    env = os.environ.get("OOSPEC_HOME")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "oospec"
+    return Path.home() / ".cache" / "oospec"

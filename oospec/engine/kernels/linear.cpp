@@ -176,6 +176,7 @@ template <class T> struct Prepacked {
   const T* wp;
   int64_t pe;
   static constexpr bool prefetch = true;  // the next chunk's weights come from memory
+  static constexpr bool tile_by_tile = false;
   int64_t scratch_elems(int64_t) const { return 0; }
   const T* panels(int64_t p0, int, int64_t s0, int64_t, T*, int64_t& stride, int64_t& first) const {
     stride = pe;
@@ -190,6 +191,7 @@ struct QuantRows {
   int type;
   int64_t N, K;
   static constexpr bool prefetch = false;  // the buffer is in cache; the blocks stream in row order
+  static constexpr bool tile_by_tile = false;
 
   // Panels p0 .. p0+nj-1 over k-steps s0 .. s1, in pack_linear's layout, rounded to T as torch rounds a float32
   // weight to T; rows past N and k past K are zeros, as in pack_linear. A panel's 16 rows are dequantized row by
@@ -243,7 +245,10 @@ template <class T> struct RepackedSource {
   int64_t panel_bytes;
   int type;
   static constexpr bool prefetch = false;  // the scratch is in cache; the regrouped panels stream in order
+  static constexpr bool tile_by_tile = true;
   int64_t scratch_elems(int64_t steps) const { return steps * PStep<T>::panel_step; }  // per panel
+  // k-tile t (k 32t .. 32t + 31) of panel p as bfloat16 pairs: one AMX B tile
+  void tile(int64_t p, int64_t t, T* out) const { repack::fill<true>(type, packed + p * panel_bytes, 32 * t, 32 * t + 32, out); }
   const T* panels(int64_t p0, int nj, int64_t s0, int64_t s1, T* scratch, int64_t& stride, int64_t& first) const {
     constexpr int width = PStep<T>::width;
     stride = (s1 - s0) * PStep<T>::panel_step;
@@ -334,24 +339,44 @@ inline void configure(int rows) {
 constexpr int TILE_ROWS = 16, TILE_PAIRS = 16, TILE_ELEMS = TILE_PAIRS * 32;  // a B tile: 512 bf16
 constexpr int PREFETCH_TILES = 8;
 
+// Where block() reads its B tiles. Both give the same tiles, so the same instructions on the same values:
+// `FilledPanels` reads panels made over the whole of K beforehand (a zero-padded copy of the last k-tile in `tail`
+// where K is not a multiple of 32), `TileByTile` makes each k-tile of a regrouped weight just before it is used,
+// into a 2 KB buffer that stays in L1 and while the tiles of the last one still run (a forward of at most 32
+// rows reads each weight once: there is nothing to keep).
+struct FilledPanels {
+  const bf16* b[2];
+  int64_t tiles;
+  const bf16* tail;
+  const bf16* get(int64_t t, int j) const { return tail && t == tiles - 1 ? tail + j * TILE_ELEMS : b[j] + t * TILE_ELEMS; }
+  // the weights PREFETCH_TILES k-tiles ahead, a cache line at a time (a decode step waits on memory)
+  void prefetch(int64_t t, int nb) const {
+    for (int j = 0; j < nb; ++j)
+      for (int l = 0; l < TILE_ELEMS; l += 32) __builtin_prefetch(b[j] + (t + PREFETCH_TILES) * TILE_ELEMS + l, 0, 2);
+  }
+};
+
+template <class Source>
+struct TileByTile {
+  const Source& src;
+  int64_t p0;
+  bf16* buf;  // 2 tiles
+  const bf16* get(int64_t t, int j) const {
+    src.tile(p0 + j, t, buf + j * TILE_ELEMS);
+    return buf + j * TILE_ELEMS;
+  }
+  void prefetch(int64_t, int) const {}  // the source prefetches its own stream
+};
+
 // Registers: C 0-3 (row block r, panel j: tmm 2r + j), A 4-5, B 6-7. RB row blocks x NB panels per k-tile,
 // each A and B loaded once per k-tile and used NB / RB times.
-template <int RB, int NB>
-void block(const bf16* a, int64_t lda, int rows, const bf16* const* b, int64_t tiles, const bf16* tail, float* c,
-           int64_t ldc) {
+template <int RB, int NB, class Tiles>
+void block(const bf16* a, int64_t lda, int rows, const Tiles& b, int64_t tiles, float* c, int64_t ldc) {
   _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
   for (int64_t t = 0; t < tiles; ++t) {
-    // the last k-tile of a K that is not a multiple of 32 comes from `tail`: zero-padded copies of the panels'
-    const bool last = tail && t == tiles - 1;
-    const bf16* b0 = last ? tail : b[0] + t * TILE_ELEMS;
-    const bf16* b1 = last ? tail + TILE_ELEMS : b[1] + t * TILE_ELEMS;
-    // the weights PREFETCH_TILES k-tiles ahead, a cache line at a time (a decode step waits on memory)
-    for (int l = 0; l < TILE_ELEMS; l += 32) {
-      __builtin_prefetch(b[0] + (t + PREFETCH_TILES) * TILE_ELEMS + l, 0, 2);
-      if constexpr (NB == 2) __builtin_prefetch(b[1] + (t + PREFETCH_TILES) * TILE_ELEMS + l, 0, 2);
-    }
-    _tile_loadd(6, b0, 64);
-    if constexpr (NB == 2) _tile_loadd(7, b1, 64);
+    b.prefetch(t, NB);
+    _tile_loadd(6, b.get(t, 0), 64);
+    if constexpr (NB == 2) _tile_loadd(7, b.get(t, 1), 64);
     _tile_loadd(4, a + t * 32, lda * 2);
     _tile_dpbf16ps(0, 4, 6);
     if constexpr (NB == 2) _tile_dpbf16ps(1, 4, 7);
@@ -367,6 +392,14 @@ void block(const bf16* a, int64_t lda, int rows, const bf16* const* b, int64_t t
     _tile_stored(2, c + rows * ldc, ldc * 4);
     if constexpr (NB == 2) _tile_stored(3, c + rows * ldc + 16, ldc * 4);
   }
+}
+
+template <class Tiles>
+void block_any(int rb, int nb, const bf16* a, int64_t lda, int rows, const Tiles& b, int64_t tiles, float* c) {
+  if (rb == 2 && nb == 2) block<2, 2>(a, lda, rows, b, tiles, c, 32);
+  else if (rb == 2) block<2, 1>(a, lda, rows, b, tiles, c, 32);
+  else if (nb == 2) block<1, 2>(a, lda, rows, b, tiles, c, 32);
+  else block<1, 1>(a, lda, rows, b, tiles, c, 32);
 }
 
 // x [M, K] (row stride ldx) through bfloat16 panels: rows padded with zeros to whole tiles, k to whole k-tiles.
@@ -397,6 +430,7 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
   struct Buffers {  // per thread: its tile configuration is loaded with them
     alignas(64) float c[2 * TILE_ROWS * 32];
     alignas(64) bf16 tail[2 * TILE_ELEMS];
+    alignas(64) bf16 tiles[2 * TILE_ELEMS];  // TileByTile's
     std::vector<bf16> scratch;  // a quantized weight's two panels over the whole of K: C stays in its tiles
     ~Buffers() { _tile_release(); }  // the thread's tiles, configured when these were made
   };
@@ -413,22 +447,27 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
     for (int64_t g = g0; g < g1; ++g) {
       const int64_t p0 = 2 * g;
       const int nb = static_cast<int>(std::min<int64_t>(2, panels - p0));
-      int64_t stride, first;
-      const bf16* base = src.panels(p0, nb, 0, steps, scratch.data(), stride, first);
-      const bf16* b[2] = {base, base + (nb - 1) * stride};
-      if (tail_pairs) {
-        std::memset(tail, 0, sizeof(buf->tail));
-        for (int j = 0; j < nb; ++j)
-          std::memcpy(tail + j * TILE_ELEMS, b[j] + (tiles - 1) * TILE_ELEMS, tail_pairs * 32 * sizeof(bf16));
+      const bool one_pass = mp <= 2 * rows;  // one row-block pair: each weight is read once
+      FilledPanels filled{};
+      if (!(Source::tile_by_tile && one_pass)) {
+        int64_t stride, first;
+        const bf16* base = src.panels(p0, nb, 0, steps, scratch.data(), stride, first);
+        filled = {{base, base + (nb - 1) * stride}, tiles, tail_pairs ? tail : nullptr};
+        if (tail_pairs) {
+          std::memset(tail, 0, sizeof(buf->tail));
+          for (int j = 0; j < nb; ++j)
+            std::memcpy(tail + j * TILE_ELEMS, filled.b[j] + (tiles - 1) * TILE_ELEMS, tail_pairs * 32 * sizeof(bf16));
+        }
       }
       for (int64_t m0 = 0; m0 < mp; m0 += 2 * rows) {
         const int rb = mp - m0 > rows ? 2 : 1;
         const bf16* am = a + m0 * lda;
-        const bf16* t = tail_pairs ? tail : nullptr;
-        if (rb == 2 && nb == 2) block<2, 2>(am, lda, rows, b, tiles, t, c, 32);
-        else if (rb == 2) block<2, 1>(am, lda, rows, b, tiles, t, c, 32);
-        else if (nb == 2) block<1, 2>(am, lda, rows, b, tiles, t, c, 32);
-        else block<1, 1>(am, lda, rows, b, tiles, t, c, 32);
+        if constexpr (Source::tile_by_tile) {
+          if (one_pass) block_any(rb, nb, am, lda, rows, TileByTile<Source>{src, p0, buf->tiles}, tiles, c);
+          else block_any(rb, nb, am, lda, rows, filled, tiles, c);
+        } else {
+          block_any(rb, nb, am, lda, rows, filled, tiles, c);
+        }
         const int64_t n0 = p0 * 16, nn = std::min<int64_t>(nb * 16, N - n0);
         for (int64_t m = m0; m < std::min(M, m0 + rb * rows); ++m)
           for (int64_t j = 0; j < nn; ++j) {
