@@ -342,7 +342,7 @@ constexpr int PREFETCH_TILES = 8;
 // Where block() reads its B tiles. Both give the same tiles, so the same instructions on the same values:
 // `FilledPanels` reads panels made over the whole of K beforehand (a zero-padded copy of the last k-tile in `tail`
 // where K is not a multiple of 32), `TileByTile` makes each k-tile of a regrouped weight just before it is used,
-// into a 2 KB buffer that stays in L1 and while the tiles of the last one still run (a forward of at most 32
+// into a ring of buffers that stays in L1, while the tiles of the last ones still run (a forward of at most 32
 // rows reads each weight once: there is nothing to keep).
 struct FilledPanels {
   const bf16* b[2];
@@ -356,14 +356,27 @@ struct FilledPanels {
   }
 };
 
+// A ring of RING k-tiles: the tiles made for k-tile t are not overwritten until t + RING, so making the next ones
+// never waits for the tile loads of this one to finish reading (a single buffer serializes the two).
+constexpr int RING = 8;
+
+// Tiles are made AHEAD k-tiles before they are loaded: a tile load right after the stores that wrote its bytes
+// waits for them to reach the cache.
+constexpr int AHEAD = 4;
+static_assert(AHEAD < RING, "a tile is made before the one RING k-tiles earlier is loaded");
+
 template <class Source>
 struct TileByTile {
   const Source& src;
   int64_t p0;
-  bf16* buf;  // 2 tiles
+  int64_t tiles;
+  bf16* buf;  // RING x 2 tiles
+  bf16* slot(int64_t t, int j) const { return buf + (t % RING * 2 + j) * TILE_ELEMS; }
   const bf16* get(int64_t t, int j) const {
-    src.tile(p0 + j, t, buf + j * TILE_ELEMS);
-    return buf + j * TILE_ELEMS;
+    if (t == 0)
+      for (int64_t u = 0; u < std::min<int64_t>(AHEAD, tiles); ++u) src.tile(p0 + j, u, slot(u, j));
+    if (t + AHEAD < tiles) src.tile(p0 + j, t + AHEAD, slot(t + AHEAD, j));
+    return slot(t, j);
   }
   void prefetch(int64_t, int) const {}  // the source prefetches its own stream
 };
@@ -430,15 +443,13 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
   struct Buffers {  // per thread: its tile configuration is loaded with them
     alignas(64) float c[2 * TILE_ROWS * 32];
     alignas(64) bf16 tail[2 * TILE_ELEMS];
-    alignas(64) bf16 tiles[2 * TILE_ELEMS];  // TileByTile's
+    alignas(64) bf16 tiles[RING * 2 * TILE_ELEMS];  // TileByTile's ring
     std::vector<bf16> scratch;  // a quantized weight's two panels over the whole of K: C stays in its tiles
     ~Buffers() { _tile_release(); }  // the thread's tiles, configured when these were made
   };
   const auto buffers = [&] {
     configure(rows);
-    auto buf = std::make_unique<Buffers>();
-    buf->scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));
-    return buf;
+    return std::make_unique<Buffers>();  // scratch sized when a group needs it (not for TileByTile)
   };
   claim_parallel(groups, grain, buffers, [&](std::unique_ptr<Buffers>& buf, int64_t g0, int64_t g1) {
     float* c = buf->c;
@@ -451,6 +462,7 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
       FilledPanels filled{};
       if (!(Source::tile_by_tile && one_pass)) {
         int64_t stride, first;
+        scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));  // once per thread and product
         const bf16* base = src.panels(p0, nb, 0, steps, scratch.data(), stride, first);
         filled = {{base, base + (nb - 1) * stride}, tiles, tail_pairs ? tail : nullptr};
         if (tail_pairs) {
@@ -463,7 +475,7 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
         const int rb = mp - m0 > rows ? 2 : 1;
         const bf16* am = a + m0 * lda;
         if constexpr (Source::tile_by_tile) {
-          if (one_pass) block_any(rb, nb, am, lda, rows, TileByTile<Source>{src, p0, buf->tiles}, tiles, c);
+          if (one_pass) block_any(rb, nb, am, lda, rows, TileByTile<Source>{src, p0, tiles, buf->tiles}, tiles, c);
           else block_any(rb, nb, am, lda, rows, filled, tiles, c);
         } else {
           block_any(rb, nb, am, lda, rows, filled, tiles, c);

@@ -18,11 +18,14 @@
 // Layout: panel p (rows 16p .. 16p+15; rows past N are zeros, so w = 0 as pack_linear pads), made of super-blocks
 // of S k (the type's block: 256 for the K-quants, 32 otherwise), k-major. A super-block starts with its header,
 // the 16 rows' float16 block scales (d, then dmin, or -m for Q4_1: 32 or 64 bytes), then holds S / G groups:
-// the 16 rows' sub-scales (K-quants: sc then m, a byte each per row; Q6_K: a signed sc), then the quants:
-//   4-bit: G/2 x 16 bytes, byte l of pair i = q(2i, l) & 15 | (q(2i+1, l) & 15) << 4
-//   5-bit: then G/8 x 16 bytes, bit j of byte l of octet i = bit 4 of q(8i + j, l)
-//   6-bit: then G/4 x 16 bytes, bits 2j, 2j+1 of byte l of quad i = bits 4, 5 of q(4i + j, l)
-//   8-bit: G x 16 signed bytes, byte l of k = q(k, l)
+// the 16 rows' sub-scales (K-quants: sc then m, a byte each per row; Q6_K: a signed sc), then the quants of the
+// group's k-pairs. Within a pair (k = 2i, 2i + 1) the 32 quants are ordered as a bfloat16 panel holds them, rows
+// 0-7 then 8-15, each row's k then k + 1: unit u = 2 (row % 8) + (k % 2) of half h = row / 8, so that one vector
+// of 16 units, widened, is the pair's weights for 8 rows, and two of them are a panel's k-pair as it is stored:
+//   4-bit: G/2 x 16 bytes, byte u of pair i = the quant of unit u, half 0 | of unit u, half 1 << 4
+//   5-bit: then G/8 x 16 bytes, bit 4h + i % 4 of byte u of octet i / 4 = bit 4 of unit u, half h of pair i
+//   6-bit: then G/4 x 16 bytes, bits 4h + 2 (i % 2) .. + 1 of byte u of quad i / 2 = bits 4, 5 of that quant
+//   8-bit: G x 16 signed bytes, pair i: half 0's 16 units, then half 1's
 // The bytes are the file's, moved: a regrouped weight is the GGUF's size (Q4_K: 4.625 bits a weight, 4.5 in the
 // file). a = d * sc and b = dmin * m are made per group, as gguf-py makes them.
 
@@ -157,16 +160,17 @@ inline bool pack_panel(int type, const uint8_t* raw, int64_t row_stride, int64_t
         if (f.subscales >= 1) grp[lane] = static_cast<uint8_t>(sc);
         if (f.subscales == 2) grp[16 + lane] = static_cast<uint8_t>(m);
         uint8_t* plane = grp + 16 * f.subscales;
-        if (f.bits == 8) {
-          for (int k = 0; k < G; ++k) plane[k * 16 + lane] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
-          continue;
-        }
-        for (int k = 0; k < G; ++k) plane[(k / 2) * 16 + lane] |= static_cast<uint8_t>((q[k] & 15) << (4 * (k % 2)));
         uint8_t* high = plane + G * 8;
-        if (f.bits == 5)
-          for (int k = 0; k < G; ++k) high[(k / 8) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (k % 8));
-        if (f.bits == 6)
-          for (int k = 0; k < G; ++k) high[(k / 4) * 16 + lane] |= static_cast<uint8_t>(((q[k] >> 4) & 3) << (2 * (k % 4)));
+        for (int k = 0; k < G; ++k) {
+          const int i = k / 2, u = 2 * (lane % 8) + k % 2, h = lane / 8;
+          if (f.bits == 8) {
+            plane[32 * i + 16 * h + u] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
+            continue;
+          }
+          plane[16 * i + u] |= static_cast<uint8_t>((q[k] & 15) << (4 * h));
+          if (f.bits == 5) high[16 * (i / 4) + u] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (4 * h + i % 4));
+          if (f.bits == 6) high[16 * (i / 2) + u] |= static_cast<uint8_t>(((q[k] >> 4) & 3) << (4 * h + 2 * (i % 2)));
+        }
       }
     }
   }
@@ -212,26 +216,31 @@ inline void weights(const Group& g, const int* __restrict q, int offset, float* 
   else for (int l = 0; l < 16; ++l) w[l] = g.a[l] * static_cast<float>(q[l]);
 }
 
-// w[l] for k = 2i and 2i + 1 of the group (i: the pair).
+// w[r] for k = 2i (w0) and 2i + 1 (w1) of the group, rows r = 0 .. 15 (i: the pair; the layout above).
 template <int Bits, int BMode>
 inline void pair(const Group& g, int i, int offset, float* __restrict w0, float* __restrict w1) {
   int q0[16], q1[16];
-  if constexpr (Bits == 8) {
-    const int8_t* s = reinterpret_cast<const int8_t*>(g.plane) + 2 * i * 16;
-    for (int l = 0; l < 16; ++l) { q0[l] = s[l]; q1[l] = s[16 + l]; }
-  } else {
-    const uint8_t* p = g.plane + i * 16;
-    for (int l = 0; l < 16; ++l) { q0[l] = p[l] & 15; q1[l] = p[l] >> 4; }
-  }
-  if constexpr (Bits == 5) {
-    const uint8_t* h = g.high + (i / 4) * 16;
-    const int s = 2 * (i % 4);
-    for (int l = 0; l < 16; ++l) { q0[l] |= ((h[l] >> s) & 1) << 4; q1[l] |= ((h[l] >> (s + 1)) & 1) << 4; }
-  }
-  if constexpr (Bits == 6) {
-    const uint8_t* h = g.high + (i / 2) * 16;
-    const int s = 4 * (i % 2);
-    for (int l = 0; l < 16; ++l) { q0[l] |= ((h[l] >> s) & 3) << 4; q1[l] |= ((h[l] >> (s + 2)) & 3) << 4; }
+  for (int r = 0; r < 16; ++r) {
+    const int u = 2 * (r % 8), h = r / 8;
+    if constexpr (Bits == 8) {
+      const int8_t* s = reinterpret_cast<const int8_t*>(g.plane) + 32 * i + 16 * h;
+      q0[r] = s[u];
+      q1[r] = s[u + 1];
+    } else {
+      const uint8_t* p = g.plane + 16 * i;
+      q0[r] = (p[u] >> (4 * h)) & 15;
+      q1[r] = (p[u + 1] >> (4 * h)) & 15;
+    }
+    if constexpr (Bits == 5) {
+      const uint8_t* hb = g.high + 16 * (i / 4);
+      q0[r] |= ((hb[u] >> (4 * h + i % 4)) & 1) << 4;
+      q1[r] |= ((hb[u + 1] >> (4 * h + i % 4)) & 1) << 4;
+    }
+    if constexpr (Bits == 6) {
+      const uint8_t* hb = g.high + 16 * (i / 2);
+      q0[r] |= ((hb[u] >> (4 * h + 2 * (i % 2))) & 3) << 4;
+      q1[r] |= ((hb[u + 1] >> (4 * h + 2 * (i % 2))) & 3) << 4;
+    }
   }
   weights<BMode>(g, q0, offset, w0);
   weights<BMode>(g, q1, offset, w1);
@@ -271,29 +280,28 @@ inline void fill_panel(const uint8_t* panel, int64_t k0, int64_t k1, void* out) 
 // bfloat16 pairs: VCVTNE2PS2BF16 rounds to nearest even as torch does for every finite weight that is not a
 // float32 subnormal, and none is (each is 0 or at least the smallest float16 subnormal scale, 2^-24, in size);
 // without the instruction the rounding is torch's integer form.
+// The quants of pair i as two vectors of 16 units (the layout above): half 0 (rows 0-7) and half 1 (rows 8-15).
 template <int Bits>
-inline void quants16(const Group& g, int i, __m512i& q0, __m512i& q1) {
+inline void quants16(const Group& g, int i, __m512i& h0, __m512i& h1) {
   if constexpr (Bits == 8) {
     const uint8_t* s = g.plane + 32 * i;
-    q0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-    q1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
+    h0 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    h1 = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + 16)));
     return;
   }
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.plane + 16 * i)));
-  q0 = _mm512_and_si512(v, _mm512_set1_epi32(15));
-  q1 = _mm512_srli_epi32(v, 4);
+  h0 = _mm512_and_si512(v, _mm512_set1_epi32(15));
+  h1 = _mm512_srli_epi32(v, 4);
   if constexpr (Bits == 5 || Bits == 6) {
     constexpr int per = Bits == 5 ? 4 : 2;  // pairs per byte of high bits
-    const __m512i h = _mm512_cvtepu8_epi32(
+    const __m512i hb = _mm512_cvtepu8_epi32(
         _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.high + (i / per) * 16)));
-    const int s = (8 / per) * (i % per);  // the pair's first bit in the byte
+    const int s = (Bits == 5 ? 1 : 2) * (i % per);  // half 0's bits start here, half 1's four higher
     const __m512i mask = _mm512_set1_epi32(Bits == 5 ? 0x10 : 0x30);
-    // bits s.. of h to bit 4: shift left by 4 - s or right by s - 4
-    const __m512i a0 = s <= 4 ? _mm512_slli_epi32(h, 4 - s) : _mm512_srli_epi32(h, s - 4);
-    const int s1 = s + (Bits == 5 ? 1 : 2);
-    const __m512i a1 = s1 <= 4 ? _mm512_slli_epi32(h, 4 - s1) : _mm512_srli_epi32(h, s1 - 4);
-    q0 = _mm512_ternarylogic_epi32(q0, a0, mask, 0xF8);  // q0 | (a0 & mask)
-    q1 = _mm512_ternarylogic_epi32(q1, a1, mask, 0xF8);
+    const __m512i a0 = s <= 4 ? _mm512_slli_epi32(hb, 4 - s) : _mm512_srli_epi32(hb, s - 4);  // to bit 4
+    const __m512i a1 = _mm512_srli_epi32(hb, s);
+    h0 = _mm512_ternarylogic_epi32(h0, a0, mask, 0xF8);  // h0 | (a0 & mask)
+    h1 = _mm512_ternarylogic_epi32(h1, a1, mask, 0xF8);
   }
 }
 
@@ -308,15 +316,19 @@ inline void fill_panel_avx512(const uint8_t* panel, int64_t k0, int64_t k1, void
   constexpr Format f = format(Type);
   constexpr int G = f.group;
   const __m512i off = _mm512_set1_epi32(f.offset);
-  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7,
-                                              22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
-  __m512 d = _mm512_setzero_ps(), h1 = _mm512_setzero_ps();
+  // a row's scale to the units of its half: unit u of half h is row 8h + u / 2
+  const __m512i rows0 = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i rows1 = _mm512_add_epi32(rows0, _mm512_set1_epi32(8));
+  // float32 panels: k's 16 rows are the even units of both halves, k + 1's the odd ones
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  __m512 d = _mm512_setzero_ps(), hd = _mm512_setzero_ps();
   for (int64_t g0 = k0; g0 < k1; g0 += G) {
     const uint8_t* sb = panel + g0 / f.super * f.super_bytes();
     const int64_t gi = g0 % f.super / G;
     if (gi == 0 || g0 == k0) {
       d = halves16(sb);
-      if constexpr (f.header == 2) h1 = halves16(sb + 32);
+      if constexpr (f.header == 2) hd = halves16(sb + 32);
     }
     const uint8_t* grp = sb + 32 * f.header + gi * f.group_bytes();
     // the regrouped weights stream from memory in order: ask for the bytes PREFETCH_BYTES ahead (past this
@@ -325,31 +337,33 @@ inline void fill_panel_avx512(const uint8_t* panel, int64_t k0, int64_t k1, void
     Group g;
     g.plane = grp + 16 * f.subscales;
     g.high = g.plane + G * 8;
-    __m512 a = d, b = h1;
+    __m512 a = d, b = hd;
     if constexpr (f.subscales == 1) {
       a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
     } else if constexpr (f.subscales == 2) {
       a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
-      b = _mm512_mul_ps(h1, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)))));
+      b = _mm512_mul_ps(hd, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)))));
     }
+    const __m512 a0 = _mm512_permutexvar_ps(rows0, a), a1 = _mm512_permutexvar_ps(rows1, a);
+    const __m512 b0 = _mm512_permutexvar_ps(rows0, b), b1 = _mm512_permutexvar_ps(rows1, b);
     for (int i = 0; i < G / 2; ++i) {
       __m512i q0, q1;
       quants16<f.bits>(g, i, q0, q1);
-      __m512 w0, w1;
+      __m512 w0, w1;  // the pair's weights of rows 0-7 and of rows 8-15
       if constexpr (f.b_mode == 0) {
         // a * q is exact for these types (a's 17 significant bits at most, q's 5), so one fused rounding of
         // a * q - b is the separate subtract's rounding: the same bits with one instruction fewer
-        w0 = _mm512_fmsub_ps(a, _mm512_cvtepi32_ps(q0), b);
-        w1 = _mm512_fmsub_ps(a, _mm512_cvtepi32_ps(q1), b);
+        w0 = _mm512_fmsub_ps(a0, _mm512_cvtepi32_ps(q0), b0);
+        w1 = _mm512_fmsub_ps(a1, _mm512_cvtepi32_ps(q1), b1);
       } else {
         if constexpr (f.b_mode == 1) { q0 = _mm512_sub_epi32(q0, off); q1 = _mm512_sub_epi32(q1, off); }
-        w0 = _mm512_mul_ps(a, _mm512_cvtepi32_ps(q0));
-        w1 = _mm512_mul_ps(a, _mm512_cvtepi32_ps(q1));
+        w0 = _mm512_mul_ps(a0, _mm512_cvtepi32_ps(q0));
+        w1 = _mm512_mul_ps(a1, _mm512_cvtepi32_ps(q1));
       }
       const int64_t k = g0 - k0 + 2 * i;
       if constexpr (Pairs) {
 #if defined(__AVX512BF16__)
-        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);  // w0's 16 then w1's 16
+        const __m512i both = (__m512i)_mm512_cvtne2ps_pbh(w1, w0);  // rows 0-7's pairs, then rows 8-15's
 #else
         const __m512i one = _mm512_set1_epi32(1), bias = _mm512_set1_epi32(0x7FFF);
         const __m512i u0 = _mm512_castps_si512(w0), u1 = _mm512_castps_si512(w1);
@@ -360,11 +374,11 @@ inline void fill_panel_avx512(const uint8_t* panel, int64_t k0, int64_t k1, void
         const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(r0)),
                                                 _mm512_cvtepi32_epi16(r1), 1);
 #endif
-        _mm512_storeu_si512(static_cast<uint32_t*>(out) + (k / 2) * 16, _mm512_permutexvar_epi16(interleave, both));
+        _mm512_storeu_si512(static_cast<uint32_t*>(out) + (k / 2) * 16, both);
       } else {
         float* o = static_cast<float*>(out) + k * 16;
-        _mm512_storeu_ps(o, w0);
-        _mm512_storeu_ps(o + 16, w1);
+        _mm512_storeu_ps(o, _mm512_permutex2var_ps(w0, even, w1));
+        _mm512_storeu_ps(o + 16, _mm512_permutex2var_ps(w0, odd, w1));
       }
     }
   }
