@@ -97,6 +97,51 @@ class QuantizedEmbedding(nn.Module):
         return values.view(*ids.shape, self.embedding_dim)
 
 
+class LoRALinear(nn.Module):
+    """A QuantizedLinear plus a LoRA beside it, unmerged: y = base(x) + (x A^T) B^T * scaling, as peft computes an
+    unmerged adapter. Why unmerged: a merge would change the weights the file's blocks hold. For a drafter (the
+    sidecar), whose precision is free; a target's output never goes through one."""
+
+    def __init__(self, base: QuantizedLinear, a: torch.Tensor, b: torch.Tensor, scaling: float):
+        super().__init__()
+        self.base, self.scaling = base, scaling
+        self.lora_a = nn.Parameter(a.to(base.dtype), requires_grad=False)  # [r, in]
+        self.lora_b = nn.Parameter(b.to(base.dtype), requires_grad=False)  # [out, r]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.to(self.lora_a.dtype)
+        return self.base(x) + ((h @ self.lora_a.T) @ self.lora_b.T * self.scaling).to(x.dtype)
+
+
+def add_lora(model: nn.Module, adapter: str | Path) -> int:
+    """Put a peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) beside the quantized linears
+    it targets, unmerged (LoRALinear). Returns how many layers took one; refuses an adapter that matches none or
+    uses what this does not compute (DoRA, rsLoRA, per-module ranks, bias)."""
+    import json
+
+    from safetensors.torch import load_file
+
+    adapter = Path(adapter)
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern") if config.get(k)]
+    if unsupported or config.get("bias", "none") != "none":
+        raise ModelIntegrityError(f"{adapter}: the quantized loader adds plain LoRA only, not {unsupported or 'bias'}")
+    scaling = config["lora_alpha"] / config["r"]
+    factors = load_file(str(adapter / "adapter_model.safetensors"))
+    done = 0
+    for name, module in list(model.named_modules()):
+        a = factors.get(f"base_model.model.{name}.lora_A.weight")
+        if a is None or not isinstance(module, QuantizedLinear):
+            continue
+        b = factors[f"base_model.model.{name}.lora_B.weight"]
+        owner, _, leaf = name.rpartition(".")
+        setattr(model.get_submodule(owner), leaf, LoRALinear(module, a, b, scaling))
+        done += 1
+    if not done:
+        raise ModelIntegrityError(f"{adapter}: none of its LoRA factors names a layer of this model")
+    return done
+
+
 def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, ops=None):
     """(model, tokenizer) of a qwen2 / llama GGUF, its weights kept as stored (module docstring), in eval mode.
     ops: the kernels (default: `invariant.kernels()`)."""

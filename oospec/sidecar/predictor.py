@@ -154,6 +154,9 @@ class SidecarPredictor:
 
         from oospec.models.cpu_features import drafter_dtype
 
+        gguf = _own_gguf(name_or_path, dtype, device)
+        if gguf is not None:  # its own quantized file on the invariant kernels: the fastest the CPU has
+            return cls(*_load_gguf_sidecar(gguf, adapter), **_adapter_settings(adapter, kwargs))
         dtype = drafter_dtype(device) if dtype == "auto" else dtype  # a drafter: the fastest precision here
         int8 = dtype == "int8"
         if int8 and not str(device).startswith("cpu"):
@@ -163,9 +166,7 @@ class SidecarPredictor:
             from peft import PeftModel
 
             model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-            settings = Path(adapter) / SIDECAR_SETTINGS
-            if settings.is_file():
-                kwargs = {**json.loads(settings.read_text()), **kwargs}
+            kwargs = _adapter_settings(adapter, kwargs)
         if int8:  # after the merge: the adapter's factors belong to the weights they are added to
             quantize_int8(model)
         if optimize and str(device).startswith("cpu"):
@@ -440,3 +441,34 @@ class SidecarPredictor:
             return NameScores(prompt, call_probability, rows, 0, [], None)
         shared, logprobs = self.score_rows(rows, share_with=probe)
         return NameScores(prompt, call_probability, rows, shared, logprobs, prior)
+
+
+def _adapter_settings(adapter: str | None, kwargs: dict) -> dict:
+    """The predictor settings an adapter ships (SIDECAR_SETTINGS), under the caller's own."""
+    settings = Path(adapter) / SIDECAR_SETTINGS if adapter else None
+    return {**json.loads(settings.read_text()), **kwargs} if settings is not None and settings.is_file() else kwargs
+
+
+def _own_gguf(name_or_path: str, dtype: str, device: str) -> Path | None:
+    """The GGUF a CPU sidecar runs from (a known model's, or a .gguf path) where its dtype is a float one the
+    quantized kernels compute ("auto": bfloat16 or float32, whichever the CPU runs natively); None: the folder path
+    (int8, an accelerator, a Hugging Face folder, or no C++ kernels here)."""
+    from oospec.engine.kernels import native
+    from oospec.models.provision import resolve_target
+
+    if not str(device).startswith("cpu") or dtype not in ("auto", "bfloat16", "float32") or native() is None:
+        return None
+    source = resolve_target(name_or_path)
+    return source if source.suffix.lower() == ".gguf" else None
+
+
+def _load_gguf_sidecar(gguf: Path, adapter: str | None):
+    import torch
+
+    from oospec.engine.quantized import add_lora, load_gguf_model
+    from oospec.models.cpu_features import native_bf16
+
+    model, tokenizer = load_gguf_model(gguf, dtype=torch.bfloat16 if native_bf16() else torch.float32)
+    if adapter:
+        add_lora(model, adapter)
+    return model, tokenizer
