@@ -31,6 +31,7 @@ def fresh_sidecar_speed(tmp_path, monkeypatch):
     from oospec.drafters import sidecar_schedule
 
     monkeypatch.setattr(sidecar_schedule, "SPEED_RECORD", str(tmp_path / "sidecar-speed.json"))
+    monkeypatch.setattr(sidecar_schedule, "LEARNED_RECORD", str(tmp_path / "sidecar-learned.json"))
 
 
 @pytest.fixture(scope="module")

@@ -171,6 +171,24 @@ def test_oospec_with_a_sidecar_process(tiny_engine, tmp_path, monkeypatch):
     assert "Sidecar:" in report and "| oospec | 2 | 100% | 100% |" in report
 
 
+def test_work_a_run_leaves_running_is_waited_out_before_the_next_run_starts(tiny_engine, tmp_path, monkeypatch):
+    """A sidecar job that outlives its request (answered 1.5 s after it was sent) is finished after the run's
+    clock stops and before the next method's starts: recorded per run and said in the report."""
+    from oospec.sidecar import SidecarClient
+
+    always_send_sidecar_jobs(monkeypatch)
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "oospec", "toolspec"], target="tiny-random", limit=1,
+                      max_new_tokens=8, budget=8, out=tmp_path, progress=False, echo=False, threads=1, warmup=False)
+    with SidecarClient(factory="sidecar_fakes:make_fake", factory_options={"mode": "good", "delay_s": 1.5}) as client:
+        bench_run.run_benchmark(cfg, engine=tiny_engine, sidecar=client)
+    records = {r["method"]: r for r in map(json.loads, (tmp_path / "samples.jsonl").read_text().splitlines())}
+    assert records["oospec"]["e2e_s"] < 1.5, "the tiny target must finish before the job for this test to mean it"
+    assert records["oospec"]["e2e_s"] + records["oospec"]["leftover_s"] >= 1.0
+    assert records["ar"]["leftover_s"] == 0 and records["toolspec"]["leftover_s"] == 0
+    report = (tmp_path / "report.md").read_text()
+    assert "work left running after a run's clock stopped, waited out before the next run: oospec 1 run" in report
+
+
 # -- the honest-benchmark guarantees: the adapter's digest and training data are recorded and checked, and no
 # sidecar method reuses the sidecar cache another method warmed on the same item.
 WEIGHTS = b"not really safetensors"

@@ -4,6 +4,7 @@ target on the cores they share; every quantity measured as requests are served."
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -214,3 +215,37 @@ def test_a_job_answered_after_its_request_is_timed_by_settle_so_the_next_request
     assert inner.plan.job.obs == [(650.0, 2.5)] and inner.report.compute_s == 2.5
     _serve(drafter, 650, 5000)
     assert inner.report.schedule["why"] != "exploring"
+
+
+def test_a_declined_schedule_explores_one_request_in_eight_so_it_keeps_learning():
+    """Once the model declines every job, tau with hints would never be measured again: one declined request in
+    EXPLORE_EVERY sends its job anyway, and nothing else changes."""
+    plan = SidecarSchedule(explore=0, explore_every=8)
+    plan.job.add(600, 30.0)  # a slow sidecar: never worth it on a shared core
+    whys = [plan.decide(np.arange(600 + i), 1, 1).why for i in range(24)]
+    assert whys.count("exploring (1 in 8 declined)") == 3
+    assert [i for i, w in enumerate(whys) if w.startswith("exploring")] == [7, 15, 23]
+    assert set(whys) == {"costs more than it saves", "exploring (1 in 8 declined)"}
+    never = SidecarSchedule(explore=0, explore_every=0)
+    never.job.add(600, 30.0)
+    assert all(never.decide(np.arange(600), 1, 1).why == "costs more than it saves" for _ in range(24))
+
+
+def test_what_requests_taught_the_schedule_outlives_the_process():
+    """tau with hints learned by one process is where the next one with the same sidecar key starts, its weight
+    capped so that new requests still move it; another key starts from the priors; a damaged record is skipped."""
+    from oospec.drafters import sidecar_schedule
+
+    first = SidecarSchedule(speed_key="cpu A | sidecar x")
+    for _ in range(100):
+        first.request_done(new_tokens=60, forwards=4, hints_in_time=True)  # tau 15 with hints
+    again = SidecarSchedule(speed_key="cpu A | sidecar x")
+    assert again.tau_with.value == pytest.approx(first.tau_with.value)
+    assert again.tau_with.count == sidecar_schedule.LEARNED_WEIGHT_CAP
+    assert again.tau_without.value == pytest.approx(PRIORS.tau_without)
+    assert SidecarSchedule(speed_key="cpu B | sidecar x").tau_with.value == pytest.approx(PRIORS.tau_with)
+    again.request_done(new_tokens=60, forwards=60, hints_in_time=True)  # tau 1: it moves
+    assert again.tau_with.value < first.tau_with.value
+    Path(sidecar_schedule.LEARNED_RECORD).write_text('{"cpu A | sidecar x": {"tau_with": ["x", 3], "step_s": [1.0, -2]}}')
+    damaged = SidecarSchedule(speed_key="cpu A | sidecar x")
+    assert damaged.tau_with.value == pytest.approx(PRIORS.tau_with) and damaged.step_s.value == pytest.approx(PRIORS.step_s)

@@ -120,9 +120,10 @@ class BenchMethod:
     def run(self, sample, prompt_ids: np.ndarray, reference: Reference | None, max_new_tokens: int) -> Run:
         raise NotImplementedError
 
-    def settle(self) -> None:
-        """After the warm-up: wait for work the method left running (a sidecar's job), so that none of it runs
-        into the measured items."""
+    def settle(self) -> float:
+        """After each run, its clock stopped: wait for work the method left running (a sidecar's job), so that
+        none of it runs into the next run's clock. Returns the seconds waited."""
+        return 0.0
 
     def close(self) -> None:
         pass
@@ -226,9 +227,9 @@ class SidecarMethod(EngineMethod):
 
         return make_drafter(self.drafter_name, sidecar=self.shared.sidecar, schedule=self.schedule, plan=self.plan)
 
-    def settle(self) -> None:
+    def settle(self) -> float:
         # The warm-up's job is this schedule's first (exploring) one: timed here, it is not explored again.
-        getattr(self.drafter, "sidecar_drafter", self.drafter).settle()
+        return getattr(self.drafter, "sidecar_drafter", self.drafter).settle()
 
     def start_session(self, reuse_prefixes: bool) -> None:
         super().start_session(reuse_prefixes)

@@ -343,6 +343,11 @@ def format_report(summary: dict, header: dict, divergences: Sequence[dict], side
                      f"(run with --allow-trained-items); see run.json `trained_items`**")
     if header.get("mode"):
         lines.append(f"- mode: {header['mode']}")
+    if "leftover" in header:  # runs' leftover work, waited out between runs: none reached another method's clock
+        left = header["leftover"]
+        lines.append("- work left running after a run's clock stopped, waited out before the next run: "
+                     + ("; ".join(f"{m} {plural(v['runs'], 'run')}, {v['seconds']:.1f} s" for m, v in left.items())
+                        if left else "none"))
     lines.append(f"- max_new_tokens {header['max_new_tokens']}, budget {header['budget']}, "
                  f"hf-pld prompt_lookup_num_tokens {PROMPT_LOOKUP_NUM_TOKENS}")
     decoding = header.get("decoding") or {"mode": "greedy"}

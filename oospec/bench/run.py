@@ -108,8 +108,11 @@ def _run_methods(methods: list[BenchMethod], datasets, shared: Shared, out: Path
                     for turn, (sample, prompt_ids) in enumerate(zip(turns, prompts)):
                         bar.set_postfix_str(f"{label} {sample.id} {m.name}", refresh=False)
                         run = _run_one(m, sample, prompt_ids, references[turn], cfg.max_new_tokens)
+                        # its clock has stopped: what it left running (a sidecar's job) ends before the next starts
+                        leftover_s = m.settle()
                         references[turn] = references[turn] or Reference(run.tokens, run.stats["prefill_s"])
                         rec, div = _record(label, sample, m, run, references[turn], engine)
+                        rec["leftover_s"] = round(leftover_s, 3)
                         if session is not None:
                             rec["session"], rec["turn"] = session, turn + 1
                         if div is not None:
@@ -249,6 +252,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
 def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: dict, names: list[str],
                    cores: Cores) -> dict:
     summary = summarize(records, names, target_threads=cores.target)
+    header["leftover"] = leftover_work(records)
     sidecar_summary = summarize_sidecar(records)
     report = format_report(summary, header, divergences, sidecar_summary, summarize_turns(records))
     (out / "report.md").write_text(report, encoding="utf-8")
@@ -263,6 +267,18 @@ def _write_results(cfg: BenchConfig, out: Path, records, divergences, header: di
     if cfg.echo:
         print(format_stdout(summary, out))
     return {"summary": public, "out": out, "report": report, "divergences": divergences}
+
+
+def leftover_work(records) -> dict:
+    """Per method, the work its runs left running after their clocks stopped (a sidecar's job), which the
+    benchmark waited out before the next run started: {"runs": how many left some, "seconds": waited}."""
+    out: dict[str, dict] = {}
+    for rec in records:
+        if rec.get("leftover_s", 0) > 0.02:  # below: the poll's own period, nothing was running
+            entry = out.setdefault(rec["method"], {"runs": 0, "seconds": 0.0})
+            entry["runs"] += 1
+            entry["seconds"] = round(entry["seconds"] + rec["leftover_s"], 3)
+    return out
 
 
 def decoding_note(cfg: BenchConfig) -> dict:

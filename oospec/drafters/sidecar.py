@@ -210,19 +210,27 @@ class SidecarDrafter(Drafter):
             cancel(self.ticket)
             cancel(self.followup)
 
-    def settle(self, timeout_s: float = 60.0) -> None:
-        """Wait (at most `timeout_s`) for the last request's job to be answered and time it, once. For a benchmark's
-        warm-up: its job, still running when its short request ends, would otherwise go untimed, and the measured
-        items would explore again. A server never waits."""
+    def settle(self, timeout_s: float = 60.0) -> float:
+        """Wait (at most `timeout_s`, then cancel it) for the last request's job to be answered and time it, once;
+        returns the seconds waited. For a benchmark, between two timed runs: a job still running when its request
+        ends would run into the next method's clock (and, at the warm-up, go untimed, so that the measured items
+        explore again). A server never waits."""
         ticket = self.ticket
         if ticket is None or self.sidecar is None or self.report.compute_s is not None:
-            return
-        deadline = time.monotonic() + timeout_s
+            return 0.0
+        started = time.monotonic()
         while (payload := self.sidecar.poll(ticket)) is None:
-            if getattr(ticket, "fault", None) is not None or time.monotonic() >= deadline:
-                return
+            if getattr(ticket, "fault", None) is not None:
+                break
+            if time.monotonic() - started >= timeout_s:
+                cancel = getattr(self.sidecar, "cancel", None)
+                if cancel is not None:
+                    cancel(ticket)
+                break
             time.sleep(0.02)
-        self._record_arrival(payload, tokens_written=None)  # as finish() records an answer that came too late
+        else:
+            self._record_arrival(payload, tokens_written=None)  # as finish() records an answer that came too late
+        return time.monotonic() - started
 
     def idle_threads(self) -> int:
         # A client that cannot say (a test double with submit/poll only) lends nothing.

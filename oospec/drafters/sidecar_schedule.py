@@ -11,10 +11,12 @@ Every quantity is measured as the drafter serves requests: W = a + b * n from th
 prompt tokens the sidecar has not cached, which an agent's next turn keeps small), L from the calls written,
 s from the decode steps, the two taus from requests with and without hints in time. Until measured, each takes
 its value from PRIORS (measured once on a 2-core AMD EPYC, Qwen2.5-Coder-1.5B target, 0.5B sidecar). The first
-`explore` jobs always run, so that the sidecar's own speed on this machine is measured; the schedule lives as long
-as whoever serves the requests (a drafter, a server, a benchmark's method), not one request. Given a `speed_key`
-(the sidecar, its precision, threads and this processor: SidecarClient.speed_key), the job times are also kept in
-oospec's cache, so a fresh process (a one-shot `oospec generate`) starts from them instead of exploring again.
+`explore` jobs always run, so that the sidecar's own speed on this machine is measured, and after them one
+request in EXPLORE_EVERY that the model declines sends its job anyway, so that it keeps learning what hints are
+worth; the schedule lives as long as whoever serves the requests (a drafter, a server, a benchmark's method),
+not one request. Given a `speed_key` (the sidecar, its precision, threads and this processor:
+SidecarClient.speed_key), the job times and the learned means are also kept in oospec's cache, so a fresh process
+(a one-shot `oospec generate`) starts from them instead of the priors.
 """
 
 from __future__ import annotations
@@ -44,6 +46,14 @@ class Priors:
 
 PRIORS = Priors()
 SPEED_RECORD = "sidecar-speed.json"  # {speed_key: [[prompt tokens read, seconds], ...]} in oospec's cache
+LEARNED_RECORD = "sidecar-learned.json"  # {speed_key: {mean name: [total, count]}}: what requests showed
+# The most observations a mean read back from an earlier process counts for: this machine's recent requests still
+# move it (a new target, a new adapter) rather than a long history holding it in place.
+LEARNED_WEIGHT_CAP = 32.0
+# After the first `explore` jobs, one request in EXPLORE_EVERY that the model would not send a job for sends one
+# anyway: tau with hints is learned only from requests whose hints arrived, so a schedule that stopped sending
+# jobs would otherwise never see that it has become worth it (a faster sidecar, longer calls).
+EXPLORE_EVERY = 8
 TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (a prompt listing a few tools)
 
 
@@ -95,9 +105,12 @@ class Decision:
 class SidecarSchedule:
     """Decides per request whether the sidecar's job runs (`decide`), and learns from what each request shows."""
 
-    def __init__(self, priors: Priors = PRIORS, explore: int = 1, speed_key: str | None = None):
+    def __init__(self, priors: Priors = PRIORS, explore: int = 1, speed_key: str | None = None,
+                 explore_every: int = EXPLORE_EVERY):
         self.priors = priors
         self.explore = explore
+        self.explore_every = explore_every  # 0: never explore again after the first jobs
+        self._declined = 0  # requests the model declined since its last exploring job
         self.job = JobCost(priors)
         self.speed_key = speed_key
         if speed_key is not None:  # what earlier processes measured of this sidecar on this machine
@@ -108,6 +121,8 @@ class SidecarSchedule:
         self.step_s = PriorMean(priors.step_s, priors.weight)
         self.tau_without = PriorMean(priors.tau_without, priors.weight)
         self.tau_with = PriorMean(priors.tau_with, priors.weight)
+        if speed_key is not None:
+            self._read_learned(read_record(LEARNED_RECORD).get(speed_key))
         self._last_prompt: np.ndarray | None = None  # the prompt of the sidecar's last job (its cache holds it)
         self._last_request: np.ndarray | None = None  # the prompt of the last request, job or not
 
@@ -141,6 +156,11 @@ class SidecarSchedule:
             run = gain + ahead > cost
             why = ("pays" if gain > cost else "pays over the session's next turns") if run \
                 else "costs more than it saves"
+            if not run and self.explore_every:
+                self._declined += 1
+                if self._declined >= self.explore_every:
+                    self._declined = 0
+                    why, run = f"exploring (1 in {self.explore_every} declined)", True
         return Decision(run, why, n, job_s, cost, gain + ahead)
 
     def turn_tokens(self, prompt_ids: np.ndarray) -> int | None:
@@ -174,6 +194,26 @@ class SidecarSchedule:
             return
         self.call_tokens.add(new_tokens)
         (self.tau_with if hints_in_time else self.tau_without).add(new_tokens / forwards)
+        if self.speed_key is not None:
+            write_record(LEARNED_RECORD, self.speed_key, {name: [mean.total, mean.count]
+                                                         for name, mean in self._means().items()})
+
+    def _means(self) -> dict[str, PriorMean]:
+        return {"call_tokens": self.call_tokens, "step_s": self.step_s, "tau_without": self.tau_without,
+                "tau_with": self.tau_with}
+
+    def _read_learned(self, stored) -> None:
+        """Start each mean from what an earlier process learned with this sidecar on this machine (its weight
+        capped at LEARNED_WEIGHT_CAP); a damaged entry is skipped and leaves that mean at its prior."""
+        if not isinstance(stored, dict):
+            return
+        for name, mean in self._means().items():
+            pair = stored.get(name)
+            if not (isinstance(pair, list) and len(pair) == 2 and _valid_job(pair) and pair[1] > 0):
+                continue
+            total, count = float(pair[0]), float(pair[1])
+            scale = min(1.0, LEARNED_WEIGHT_CAP / count)
+            mean.total, mean.count = total * scale, count * scale
 
     def as_dict(self) -> dict:
         a, b = self.job.coefficients()
