@@ -12,8 +12,9 @@
 //   Q6_K:       a * (q - 32),       a = d * sc                 (gguf-py: (d * sc) * (q - 32))
 //   Q4_0, Q5_0: a * (q - 8 or 16),  a = d                      (gguf-py: d * (q - 8), d * (q - 16))
 //   Q8_0:       a * q, q signed,    a = d                      (gguf-py: q * d)
-// a = d * sc is exact (an 11-bit float16 times a sub-scale of at most 8 bits), so it can be computed once at
-// load. The tests compare every element with gguf-py, signed zeros included.
+// a = d * sc and b = dmin * m are exact (an 11-bit float16 times a sub-scale of at most 8 bits); they are made per
+// group from the stored scales, as gguf-py makes them. The tests compare every element with gguf-py, signed zeros
+// included.
 //
 // Layout: panel p (rows 16p .. 16p+15; rows past N are zeros, so w = 0 as pack_linear pads), made of super-blocks
 // of S k (the type's block: 256 for the K-quants, 32 otherwise), k-major. A super-block starts with its header,
@@ -27,7 +28,7 @@
 //   6-bit: then G/4 x 16 bytes, bits 4h + 2 (i % 2) .. + 1 of byte u of quad i / 2 = bits 4, 5 of that quant
 //   8-bit: G x 16 signed bytes, pair i: half 0's 16 units, then half 1's
 // The bytes are the file's, moved: a regrouped weight is the GGUF's size (Q4_K: 4.625 bits a weight, 4.5 in the
-// file). a = d * sc and b = dmin * m are made per group, as gguf-py makes them.
+// file).
 
 #pragma once
 
