@@ -1,16 +1,16 @@
 """A qwen2 / llama model run from its GGUF as stored: weights stay in their blocks, dequantized inside the kernels.
 
 `load_gguf_model(path, dtype)` builds the transformers model from the file's metadata with no weights, then
-fills it: every linear layer becomes a `QuantizedLinear` over the tensor's raw blocks (memory-mapped; a llama's
-q and k rows reordered as transformers' loader reorders them), the input embedding a `QuantizedEmbedding`, a
-tied output head a `QuantizedLinear` over the embedding's own blocks (held once), and the small float tensors
-(norms, biases) ordinary parameters. `oospec.engine.invariant.install` then makes the rest row-invariant as for
-any model.
+fills it: every linear layer becomes a `QuantizedLinear` over a `BlockWeight`, the tensor's blocks regrouped by 16
+rows (a llama's q and k rows reordered first, as transformers' loader reorders them), the input embedding a
+`QuantizedEmbedding`, a tied output head a `QuantizedLinear` over the embedding's own weight (held once), and the
+small float tensors (norms, biases) ordinary parameters. `oospec.engine.invariant.install` then makes the rest
+row-invariant as for any model.
 
 The bits are the expanded model's: each weight element is gguf-py's dequantization (what `convert.py`'s float32
 folder holds), rounded to bfloat16 as torch rounds it for a bfloat16 model, and the product is the invariant
-kernel's, in its order, on its path (kernels/linear.cpp: `linear_quant` reads the panels `linear_packed` reads,
-made from the blocks per chunk instead of once at load). One difference from an installed expanded model:
+kernel's, in its order, on its path (kernels/gguf_linear.cpp: `linear_repacked` reads the panels `linear_packed`
+reads, made from the regrouped blocks per chunk instead of once at load). One difference from an installed expanded model:
 forwards of more than STEP_ROWS rows in float32 also take the invariant kernel here (there is no float32 copy
 of the weights for oneDNN), as every bfloat16 forward does.
 """
@@ -26,10 +26,6 @@ from torch import nn
 from oospec.errors import ModelIntegrityError
 
 
-# The types the C++ kernels regroup by 16 rows at load (kernels/repack.h); plain float weights keep their rows.
-REGROUPED_TYPES = frozenset({2, 3, 6, 8, 12, 13, 14})  # Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K
-
-
 class BlockWeight(nn.Module):
     """A GGUF weight [rows, cols] as the kernels read it: regrouped by 16 rows (`blocks` is repack.h's panels)
     where the kernels can, else the file's own rows (`blocks` uint8 [rows, row bytes], `regrouped` False: the
@@ -41,10 +37,10 @@ class BlockWeight(nn.Module):
         self.qtype, self.rows, self.cols, self.ops = int(qtype), raw.shape[0], cols, ops
         self.regrouped = False
         blocks = raw
-        if self.qtype in REGROUPED_TYPES and hasattr(ops, "repack_quant"):
+        if hasattr(ops, "repack_quant"):  # the C++ kernels: they say which types they regroup (repack.h)
             try:
                 blocks, self.regrouped = ops.repack_quant(raw, self.qtype, cols), True
-            except RuntimeError:  # a scale that is not finite: the file's rows and linear_quant, same bits
+            except RuntimeError:  # a float type, or a scale that is not finite: the file's rows, the same bits
                 pass
         self.register_buffer("blocks", blocks, persistent=False)
 

@@ -1,5 +1,5 @@
 // 16 float32 lanes with one arithmetic on every instruction set: one zmm (AVX-512), two ymm (AVX2), or an
-// array (scalar). Shared by invariant.cpp and linear.cpp; see invariant.cpp for why the order matters.
+// array (scalar). Shared by invariant.cpp and the linear kernels (linear.h); see invariant.cpp for why the order matters.
 #pragma once
 
 #include <c10/util/BFloat16.h>

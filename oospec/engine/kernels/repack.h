@@ -1,4 +1,4 @@
-// GGUF blocks regrouped by 16 rows, so that a weight panel (linear.cpp's layout: 16 output columns at each k) is
+// GGUF blocks regrouped by 16 rows, so that a weight panel (linear.h's layout: 16 output columns at each k) is
 // made with vector loads and no transpose.
 //
 // Why: dequantizing a panel from the file's own blocks means 16 rows read one by one and transposed, about 0.7 ns
@@ -253,7 +253,7 @@ inline uint32_t bf16_bits(float x) {  // round to nearest even, as torch (weight
   return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
 }
 
-// Panel k range [k0, k1) (whole groups) of the regrouped panel at `panel`, in linear.cpp's layout: float32 [k][16]
+// Panel k range [k0, k1) (whole groups) of the regrouped panel at `panel`, in linear.h's layout: float32 [k][16]
 // (Pairs = false) or bfloat16 pairs [k/2][16][2] (Pairs = true, as 32-bit units) at out.
 template <int Type, bool Pairs>
 inline void fill_panel(const uint8_t* panel, int64_t k0, int64_t k1, void* out) {

@@ -1,4 +1,4 @@
-// Moving dequantized weights into the panel layout of linear.cpp: bfloat16 rounding as torch's, and a 16-row
+// Moving dequantized weights into the panel layout of linear.h: bfloat16 rounding as torch's, and a 16-row
 // transpose of 32-bit units. Only moves and torch's own rounding: the values are the dequantized ones.
 
 #pragma once
