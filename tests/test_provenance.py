@@ -17,7 +17,7 @@ from oospec.bench.config import BenchConfig
 from oospec.bench.items import BenchError, Selection, load_datasets, select
 from oospec.bench.vllm_run import sidecar_adapter
 from oospec.datasets import load_dataset
-from oospec.sidecar.process import SidecarSettings, resolve_adapter
+from oospec.sidecar.process import SLOT_ROW_ADAPTERS, SidecarSettings, resolve_adapter
 from oospec.sidecar.provenance import (ADAPTERS_DIR, ProvenanceRequest, content_section, not_held_out, request_hashes,
                                        training_manifest)
 from oospec.tools.schema import to_openai
@@ -121,9 +121,11 @@ def test_an_external_toolalpaca_file_with_colliding_ids_is_not_refused_whole(tmp
         (ids[-1], [f"its request is training item {trained[1].id}"])]
 
 
-def test_the_shipped_manifest_covers_its_training_items():
-    manifest = training_manifest(SHIPPED)
-    doc = json.loads((SHIPPED / "data_manifest.json").read_text())
+# The target's slot-row adapter was trained on the same split as the default sidecar's: its manifest is that split's.
+@pytest.mark.parametrize("adapter", [SHIPPED.name, *SLOT_ROW_ADAPTERS.values()])
+def test_the_shipped_manifest_covers_its_training_items(adapter):
+    manifest = training_manifest(ADAPTERS_DIR / adapter)
+    doc = json.loads((ADAPTERS_DIR / adapter / "data_manifest.json").read_text())
     traces = {t["id"]: t for t in shipped_traces()}
     used = doc["items"]["train"] + doc["items"]["validation"]
     rng = random.Random(0)

@@ -80,6 +80,8 @@ def test_training_stopped_and_resumed_ends_where_an_uninterrupted_run_ends(smol,
     first = train(traces, tmp_path / "split", cfg, model=copy.deepcopy(model), tokenizer=tok, progress=False,
                   max_steps=3)
     assert first["finished"] is False and first["steps"] == 3
+    record = json.loads((tmp_path / "split" / "train_config.json").read_text())  # the stopped run's record so far
+    assert record["finished"] is False and len(json.loads((tmp_path / "split" / "loss.json").read_text())) == 3
     assert (tmp_path / "split" / "epoch-1").is_dir() and not (tmp_path / "split" / "epoch-2").exists()
     rest = train(traces, tmp_path / "split", cfg, model=copy.deepcopy(model), tokenizer=tok, progress=False)
     assert rest["finished"] and rest["steps"] == whole["steps"] == 4
@@ -117,14 +119,15 @@ def test_a_shipped_adapter_is_found_by_its_name(tmp_path):
 
 
 def test_the_package_ships_only_the_default_adapter_and_its_training_record_resolves():
-    """One adapter with weights (the default); the one v3 started from keeps only its manifest, which v3's own
-    manifest needs: without it, checking that benchmark items are held out would fail."""
-    from oospec.sidecar.process import ADAPTERS_DIR, SHIPPED_ADAPTERS
+    """Adapters with weights: the default sidecar's and the target's slot rows'; the one v3 started from keeps only
+    its manifest, which v3's own manifest needs: without it, checking that benchmark items are held out would
+    fail."""
+    from oospec.sidecar.process import ADAPTERS_DIR, SHIPPED_ADAPTERS, SLOT_ROW_ADAPTERS
     from oospec.sidecar.provenance import training_manifest
 
     with_weights = sorted(p.parent.name for p in ADAPTERS_DIR.glob("*/adapter_model.safetensors"))
-    assert with_weights == sorted(SHIPPED_ADAPTERS.values())
-    (default,) = with_weights
+    assert with_weights == sorted([*SHIPPED_ADAPTERS.values(), *SLOT_ROW_ADAPTERS.values()])
+    (default,) = SHIPPED_ADAPTERS.values()
     first = training_manifest(ADAPTERS_DIR / "qwen2.5-coder-0.5b-toolcalls")
     manifest = training_manifest(ADAPTERS_DIR / default)
     assert first.items and first.items <= manifest.items  # what the first adapter trained on counts as used

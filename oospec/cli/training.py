@@ -10,7 +10,7 @@ from oospec.cli.options import (add_command, add_max_new_tokens_option, add_thre
 from oospec.errors import OospecError
 from oospec.models.cpu_features import DRAFTER_DTYPES
 from oospec.models.registry import DEFAULT_SIDECAR, DEFAULT_TARGET
-from oospec.training.config import MAX_MISSED_CALLS, TrainConfig  # no torch: cheap at parse time
+from oospec.training.config import LINEAR_MODULES, MAX_MISSED_CALLS, TrainConfig  # no torch: cheap at parse time
 from oospec.training.pool import pool_sources, training_pool
 from oospec.training.split import split_traces
 
@@ -83,7 +83,9 @@ def train_config(args) -> TrainConfig:
 
     return TrainConfig(base=args.base, r=args.r, alpha=args.alpha, lr=args.lr, epochs=args.epochs,
                        batch_requests=args.batch_requests, rank_weight=args.rank_weight, seed=args.seed,
-                       threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter))
+                       threads=args.threads, init_adapter=resolve_adapter(args.base, args.init_adapter),
+                       target_modules=args.target_modules.split(","),
+                       prompt_without_adapter=args.prompt_without_adapter, dtype=args.dtype)
 
 
 def cmd_train(args) -> None:
@@ -222,6 +224,13 @@ def add_sidecar_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=TrainConfig.seed)
     p.add_argument("--init-adapter", default=TrainConfig.init_adapter, metavar="DIR",
                    help="start from this adapter's weights (split with the same --init-adapter)")
+    p.add_argument("--target-modules", default=",".join(LINEAR_MODULES), metavar="A,B",
+                   help="the linear layers that take a LoRA")
+    p.add_argument("--prompt-without-adapter", action="store_true",
+                   help="in-target slot rows: the prompt is read by the base model alone, the LoRA trains on the "
+                        "rows only (with --base the target, e.g. qwen2.5-coder-1.5b)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=TrainConfig.dtype,
+                   help="the base model's weights (bfloat16: the CPU's bfloat16 units; the LoRA stays float32)")
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop after this long, saving the state: the same command resumes")
     add_threads_option(p)

@@ -103,8 +103,11 @@ class LoRALinear(nn.Module):
         self.base, self.scaling = base, scaling
         self.lora_a = nn.Parameter(a.to(base.dtype), requires_grad=False)  # [r, in]
         self.lora_b = nn.Parameter(b.to(base.dtype), requires_grad=False)  # [out, r]
+        self.enabled = True  # off: the base layer alone (a target's prompt read beside slot rows that carry the LoRA)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return self.base(x)
         h = x.to(self.lora_a.dtype)
         return self.base(x) + ((h @ self.lora_a.T) @ self.lora_b.T * self.scaling).to(x.dtype)
 

@@ -111,7 +111,8 @@ class SidecarPredictor:
     def __init__(self, model: torch.nn.Module, tokenizer, *, max_value_tokens: int = 64,
                  alternative_margin: float = 3.0, max_alternatives: int = 3, max_slot_rows: int = 24,
                  min_call_probability: float = 0.0, rank_by: str = "greedy", prior_weight: float = 0.0,
-                 max_calls: int = 4, max_joint_tokens: int = 24, memory_budget: int | None = None):
+                 max_calls: int = 4, max_joint_tokens: int = 24, memory_budget: int | None = None,
+                 prompt_without_adapter: bool = False):
         if rank_by not in ("greedy", "total"):
             raise ValueError(f"rank_by must be 'greedy' or 'total', got {rank_by!r}")
         self.model = model.eval()
@@ -121,7 +122,10 @@ class SidecarPredictor:
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
         self.memory_budget = memory_budget  # bytes of working set (None: oospec.sidecar.memory's default)
-        self.runner = RowRunner(model, memory_budget)
+        # In-target slot rows (issue 46): the model's LoRA applies to the rows only, the prompt is read without it
+        # (RowRunner); an adapter trained with `--prompt-without-adapter` says so in its SIDECAR_SETTINGS.
+        self.prompt_without_adapter = prompt_without_adapter
+        self.runner = RowRunner(model, memory_budget, prompt_without_adapter=prompt_without_adapter)
         self.token_bytes = TokenBytes(tokenizer)
         self.max_value_tokens = max_value_tokens
         self.alternative_margin = alternative_margin  # keep the runner-up within this many nats of the best
@@ -157,27 +161,39 @@ class SidecarPredictor:
         gguf = _own_gguf(name_or_path, dtype, device)
         if gguf is not None:  # its own quantized file on the invariant kernels: the fastest the CPU has
             return cls(*_load_gguf_sidecar(gguf, adapter), **_adapter_settings(adapter, kwargs))
+        kwargs = _adapter_settings(adapter, kwargs)
+        rows_only = kwargs.get("prompt_without_adapter", False)  # the LoRA is switched per forward: never merged
         dtype = drafter_dtype(device) if dtype == "auto" else dtype  # a drafter: the fastest precision here
         int8 = dtype == "int8"
+        if int8 and rows_only:
+            raise ValueError("dtype 'int8' merges the adapter into the weights: not for an adapter on the rows only")
         if int8 and not str(device).startswith("cpu"):
             raise ValueError(f"dtype 'int8' is a CPU precision for the sidecar, not one for {device!r}")
         model, tokenizer = load_model(name_or_path, dtype="float32" if int8 else dtype, device=device)
         if adapter:
             from peft import PeftModel
 
-            model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
-            kwargs = _adapter_settings(adapter, kwargs)
+            model = PeftModel.from_pretrained(model, adapter)
+            if not rows_only:
+                model = model.merge_and_unload()
         if int8:  # after the merge: the adapter's factors belong to the weights they are added to
             quantize_int8(model)
-        if optimize and str(device).startswith("cpu"):
+        if optimize and str(device).startswith("cpu") and not rows_only:  # packs nn.Linear: peft's layers stay
             from oospec.engine.onednn import optimize_for_cpu
 
             optimize_for_cpu(model)
         return cls(model, tokenizer, **kwargs)
 
+    def read_prompt(self, job: Job) -> str:
+        """The job's prompt text; with the adapter on the rows only, also what the runner reads without it."""
+        prompt = self.format.prompt(job)
+        if self.prompt_without_adapter:
+            self.runner.prompt_ids = self.format.encode(prompt)
+        return prompt
+
     def clear_cache(self) -> None:
         """Forget the encoded prompt and the name priors: the next job starts cold (a benchmark's fresh run)."""
-        self.runner = RowRunner(self.model, self.memory_budget)
+        self.runner = RowRunner(self.model, self.memory_budget, prompt_without_adapter=self.prompt_without_adapter)
         self._priors.clear()
 
     # -- the job -------------------------------------------------------------------------------------------
@@ -197,7 +213,7 @@ class SidecarPredictor:
         """The calls the sidecar expects after `first` in the same turn, each guessed with the calls before it
         written out; the list ends where the sidecar ends the turn, writes anything but another call, or
         repeats a call (a loop, not a turn)."""
-        prompt = self.format.prompt(job)
+        prompt = self.read_prompt(job)
         out: list[Guess] = []
         current, call = job, first
         while len(out) + 1 < self.max_calls:
@@ -244,7 +260,7 @@ class SidecarPredictor:
             tools = [t for t in tools if t.name == job.function]
             if not tools:
                 raise ValueError(f"the job names function {job.function!r}, which the request does not offer")
-        prompt = self.format.prompt(job)
+        prompt = self.read_prompt(job)
         if not later:
             self.call_probability = None
         # First, while the runner's cache holds no conversation: the prior shares the system turn with the prompt.
@@ -293,9 +309,11 @@ class SidecarPredictor:
         prior = self._priors.get(key)
         if prior is None:
             neutral = replace(job, messages=system + [{"role": "user", "content": "N/A"}])
-            prompt = self.format.prompt(neutral)
+            request_prompt = self.runner.prompt_ids
+            prompt = self.read_prompt(neutral)
             _, logprobs = self.score_rows([self.format.encode(prompt + self.format.function_row(neutral, t.name))
                                            for t in tools])
+            self.runner.prompt_ids = request_prompt  # the request's own rows come next
             prior = np.array([lp.sum() for lp in logprobs])
             if len(self._priors) >= 256:
                 self._priors.pop(next(iter(self._priors)))
@@ -430,7 +448,7 @@ class SidecarPredictor:
         """What `guess` weighs before it chooses a function, computed under every setting at once: the call
         probability, each name's log-probabilities and their prior. `rank_functions` then chooses under any
         `rank_by` / `prior_weight` and `fill_slots` decodes the choice, with nothing scored twice."""
-        prompt = self.format.prompt(job)
+        prompt = self.read_prompt(job)
         prior = self.name_prior(job, tools) if len(tools) > 1 else None
         call_probability = self.call_likelihood(job, prompt)
         rows = [self.format.encode(prompt + self.format.function_row(job, t.name)) for t in tools]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -21,10 +22,18 @@ class RowRunner:
     finite and are never attended to by real tokens. Every row of a batch holds its own copy of the prefix's
     cache, so rows run in chunks of at most `chunk_bytes` (each chunk laid out as the whole batch would be:
     a row's result does not depend on the chunk it ran in). Work whose estimated working set (the prefix and
-    one row) exceeds `memory_budget` bytes raises WorkingSetTooLarge before anything is allocated."""
+    one row) exceeds `memory_budget` bytes raises WorkingSetTooLarge before anything is allocated.
 
-    def __init__(self, model: torch.nn.Module, memory_budget: int | None = None, chunk_bytes: int = CHUNK_BYTES):
+    `prompt_without_adapter` (in-target slot rows, issue 46): the model carries a LoRA that applies to the rows
+    only. The leading part of a prefix that is the prompt (`prompt_ids`, set by the caller per request) runs with
+    the adapter disabled, as the target's own forward reads it; the rest of the prefix and the rows with it."""
+
+    def __init__(self, model: torch.nn.Module, memory_budget: int | None = None, chunk_bytes: int = CHUNK_BYTES,
+                 prompt_without_adapter: bool = False):
         self.model = model
+        self.prompt_without_adapter = prompt_without_adapter
+        self.prompt_ids: list[int] = []  # the request's prompt (prompt_without_adapter only)
+        self._prefix_plain = 0  # leading tokens of the cached prefix computed without the adapter
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.neg = torch.finfo(self.dtype).min
@@ -60,20 +69,33 @@ class RowRunner:
             return
         n = len(ids)
         reuse = min(common_prefix_length([ids, self.prefix_ids]) if self.prefix_ids else 0, n - 1)
+        plain = min(common_prefix_length([ids, self.prompt_ids]), n) if self.prompt_without_adapter else 0
+        if plain != self._prefix_plain:  # the cached tokens past the shorter prompt were computed the other way
+            reuse = min(reuse, plain, self._prefix_plain)
         # With a row after it: a prefix whose one row cannot run is refused before it is encoded.
         self._check(self.cost.prefix(n, n - reuse) + self.cost.row(n + 1, 1, n + 1, 1), f"a {n}-token prompt")
         layers = [SlotLayer(n) for _ in range(self.model.config.num_hidden_layers)]
         if reuse > 0:
             for layer, old in zip(layers, self._prefix_layers):
                 layer.load(old.keys, old.values, reuse)
-        x = torch.tensor([ids[reuse:]], dtype=torch.long, device=self.device)
-        out = self.model(input_ids=x, position_ids=torch.arange(reuse, n, device=self.device)[None], use_cache=True,
-                         **cache_arg(Cache(layers=layers)), logits_to_keep=1)
-        for layer in layers:
-            layer.keep(None, n - reuse)
+        cache = Cache(layers=layers)
+        if plain > reuse:
+            with adapter_disabled(self.model):
+                logits = self._extend(ids, reuse, plain, cache, layers)
+        if n > max(reuse, plain):
+            logits = self._extend(ids, max(reuse, plain), n, cache, layers)
         self._note_kv(layers, self._prefix_layers)
-        self.prefix_ids, self._prefix_layers = ids, layers
-        self.prefix_logits = out.logits[0, -1].float()
+        self.prefix_ids, self._prefix_layers, self._prefix_plain = ids, layers, plain
+        self.prefix_logits = logits
+
+    def _extend(self, ids: list[int], start: int, end: int, cache: Cache, layers: list[SlotLayer]) -> torch.Tensor:
+        """Append ids[start:end] to the prefix's cache; the logits after its last token."""
+        x = torch.tensor([ids[start:end]], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=x, position_ids=torch.arange(start, end, device=self.device)[None], use_cache=True,
+                         **cache_arg(cache), logits_to_keep=1)
+        for layer in layers:
+            layer.keep(None, end - start)
+        return out.logits[0, -1].float()
 
     def _note_kv(self, *held: list[SlotLayer]) -> None:
         """Record the keys-and-values bytes of the caches held at once (for the memory tests)."""
@@ -183,3 +205,23 @@ class RowRunner:
                 layer.keep(None, 1)
             next_ids = out.logits[:, -1].argmax(-1).cpu().numpy()
         return logprobs, generated
+
+
+@contextmanager
+def adapter_disabled(model: torch.nn.Module):
+    """The model without its LoRA for the duration: a peft model's `disable_adapter`, or the unmerged LoRAs the
+    quantized loader adds (oospec.engine.quantized.LoRALinear) switched off."""
+    if hasattr(model, "disable_adapter"):
+        with model.disable_adapter():
+            yield
+        return
+    from oospec.engine.quantized import LoRALinear
+
+    loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
+    for m in loras:
+        m.enabled = False
+    try:
+        yield
+    finally:
+        for m in loras:
+            m.enabled = True

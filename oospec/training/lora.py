@@ -42,11 +42,18 @@ class Encoded:
     chosen: int  # the teacher's tool, as an index into `choices`
 
 
-def encode_rows(rr: RequestRows, fmt: TaskFormat, max_prompt_tokens: int) -> Encoded | None:
+def encode_rows(rr: RequestRows, fmt: TaskFormat, max_prompt_tokens: int, prompt_only: bool = False) -> Encoded | None:
+    """`prompt_only`: the shared part is the prompt exactly (in-target rows: what the target reads without the
+    adapter), so a row may start at its completion (its first token is then predicted by the prompt's last
+    position, outside the rows, and carries no loss); else the longest part all rows share, short of every
+    completion."""
     full = [fmt.encode(rr.prompt + p + c) for p, c in zip(rr.prefixes, rr.completions)]
     ctx = [fmt.encode(rr.prompt + p) for p in rr.prefixes]
     starts = [common_prefix_length([f, c]) for f, c in zip(full, ctx)]
-    shared = min(common_prefix_length(full), min(starts) - 1)
+    if prompt_only:
+        shared = min(common_prefix_length([fmt.encode(rr.prompt), *full]), min(map(len, full)) - 1)
+    else:
+        shared = min(common_prefix_length(full), min(starts) - 1)
     if shared <= 0 or shared > max_prompt_tokens:
         return None
     return Encoded(full[0][:shared], [f[shared:] for f in full], [s - shared for s in starts],
@@ -64,12 +71,16 @@ class RequestLoss(NamedTuple):
     ranked_first: bool  # the teacher's tool has the highest score
 
 
-def request_loss(model, enc: Encoded) -> RequestLoss:
+def request_loss(model, enc: Encoded, prompt_without_adapter: bool = False) -> RequestLoss:
+    """`prompt_without_adapter`: the shared prompt's keys and values are the base model's own (peft's
+    `disable_adapter`), the rows' the adapted model's (in-target slot rows)."""
+    from contextlib import nullcontext
+
     from transformers.cache_utils import DynamicCache
 
     s = len(enc.shared)
     cache = DynamicCache()
-    with torch.no_grad():
+    with torch.no_grad(), model.disable_adapter() if prompt_without_adapter else nullcontext():
         model(input_ids=torch.tensor([enc.shared]), position_ids=torch.arange(s)[None], use_cache=True,
               **cache_arg(cache), logits_to_keep=1)
     r = len(enc.rows)
@@ -109,6 +120,8 @@ def predictor_settings(cfg: TrainConfig) -> dict:
     """How the predictor should query an adapter trained with `cfg` (saved beside it as SIDECAR_SETTINGS)."""
     # The call-or-none row was trained: this adapter's belief that a call comes is worth acting on.
     settings = {"min_call_probability": 0.5}
+    if cfg.prompt_without_adapter:  # trained on rows over the base model's own reading of the prompt
+        settings["prompt_without_adapter"] = True
     if cfg.rank_weight > 0:
         # Trained to rank whole names; and it leans towards the names it was trained on, whatever the request:
         # that lean (the names' prior without the conversation) is taken out.
@@ -172,12 +185,12 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
     if model is None:
         from oospec.models.loading import load_model
 
-        model, tokenizer = load_model(cfg.base, dtype="float32", device="cpu")
+        model, tokenizer = load_model(cfg.base, dtype=cfg.dtype, device="cpu")
     fmt = TaskFormat(tokenizer)
     encoded = []
     for t in traces:
         rr = rows_for(t, fmt)
-        enc = encode_rows(rr, fmt, cfg.max_prompt_tokens) if rr is not None else None
+        enc = encode_rows(rr, fmt, cfg.max_prompt_tokens, cfg.prompt_without_adapter) if rr is not None else None
         if enc is not None:
             encoded.append(enc)
     if not encoded:
@@ -186,13 +199,14 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, cfg.init_adapter, is_trainable=True)
-        model.float()  # adapters are shipped in float16; train in float32
     else:
         lora = LoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
                           target_modules=cfg.target_modules, task_type="CAUSAL_LM")
         model = get_peft_model(model, lora)
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
+    for p in params:  # adapters are shipped in float16, a bfloat16 base would round them: the factors train in float32
+        p.data = p.data.float()
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     steps_per_epoch = (len(encoded) + cfg.batch_requests - 1) // cfg.batch_requests
     total = steps_per_epoch * cfg.epochs
@@ -235,7 +249,7 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
             tokens = sum(supervised_tokens(e) for e in batch)
             total_loss, rank_loss, ranked, top = 0.0, 0.0, 0, 0
             for enc in batch:
-                loss = request_loss(model, enc)
+                loss = request_loss(model, enc, cfg.prompt_without_adapter)
                 objective = loss.tokens_nll / max(1, tokens)
                 if loss.rank is not None:
                     objective = objective + cfg.rank_weight * loss.rank / len(batch)
@@ -267,12 +281,13 @@ def train(traces: list[dict], out_dir: str | Path, cfg: TrainConfig, *, model=No
                # Training requests whose tool the sidecar ranked first, as it went (per epoch).
                "function_ranked_first": [round(sum(x["ranked_top"] for x in log if x["epoch"] == e)
                                                / max(1, sum(x["ranked"] for x in log if x["epoch"] == e)), 3)
-                                         for e in range(cfg.epochs)]}
+                                         for e in sorted({x["epoch"] for x in log})]}
+    # The record so far, also of a stopped run (`finished` says which): a checkpoint of it may be what is shipped.
+    (out / "train_config.json").write_text(json.dumps(summary, indent=1) + "\n")
+    (out / "loss.json").write_text(json.dumps(log) + "\n")
     if not finished:
         return summary
     _save_adapter(model, out, cfg)
-    (out / "train_config.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / "loss.json").write_text(json.dumps(log) + "\n")
     try:
         plot_loss(log, out / "loss.png", title=f"LoRA r={cfg.r} on {cfg.base}: {len(encoded)} requests")
     except MissingExtraError as e:
