@@ -230,3 +230,28 @@ def test_padded_targets_refuse_slot_rows(invariant_pair):
     target.reset(64)
     with pytest.raises(ValueError, match="not the padded one"):
         target.verify_rows(1, TokenTree.empty(), SlotFeed(np.array([1]), np.array([PROMPT]), 0))
+
+
+def test_a_gguf_target_with_a_slot_lora_decodes_as_without(tmp_path, one_thread):
+    """SmolLM2's GGUF (QuantizedLinear over its blocks, the kernels every GGUF target runs): a slot LoRA over all
+    seven projections, slot rows in every forward; the output is the one of the same file without a LoRA."""
+    from oospec.engine.quantized import QuantizedLinear, load_gguf_model
+    from oospec.models.provision import pull_gguf
+
+    gguf = pull_gguf("smollm2-135m", progress=False)
+    plain, tokenizer = load_gguf_model(gguf, dtype=torch.bfloat16)
+    lora, _ = load_gguf_model(gguf, dtype=torch.bfloat16)
+    assert add_slot_lora(lora, write_random_lora(tmp_path / "lora", lora, scale=1.0)) == \
+        7 * lora.config.num_hidden_layers
+    assert isinstance(lora.model.layers[0].mlp.down_proj.base, QuantizedLinear)
+    assert install(plain)["applied"] and install(lora)["applied"]
+    messages = [{"role": "user", "content": "What is the weather in Paris tomorrow? Answer in one sentence."}]
+    prompt = np.asarray(tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+                        ["input_ids"], dtype=np.int64)
+    reference = generate(TargetBackend(plain), None, decode_request(prompt, 24)).tokens
+    drafter = SlotRowDrafter(plain.config.vocab_size, 0, max_nodes=8, slot_rows=16)
+    out = generate(TargetBackend(lora), drafter, decode_request(prompt, 24, 8))
+    assert np.array_equal(out.tokens, reference)
+    paths, logits = next((p, lg) for p, lg in drafter.seen if p and len(p[-1]) > 1)
+    chain = torch.as_tensor(paths[-1]).view(1, -1)
+    assert same_bits(logits[-1], _chain_logits(lora, prompt, chain, adapted=True))
