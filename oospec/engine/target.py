@@ -160,7 +160,8 @@ class TargetBackend:
             capacity += self.step_rows  # a padded forward writes step_rows slots, whatever the tree
         if self._layers and self._layers[0].capacity >= capacity:
             for layer in self._layers:
-                layer.length = layer.reserved = 0  # buffers stay: everything past `length` is overwritten before it is read
+                # buffers stay: everything past `length` is overwritten before it is read
+                layer.length = layer.reserved = 0
             return
         n_layers = self.model.config.num_hidden_layers
         self._layers = [SlotLayer(capacity) for _ in range(n_layers)]
@@ -209,7 +210,8 @@ class TargetBackend:
         return self.verify_outputs(pending, tree).logits[0]
 
     @torch.inference_mode()
-    def verify_rows(self, pending: int, tree: TokenTree, slots: SlotFeed | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def verify_rows(self, pending: int, tree: TokenTree,
+                    slots: SlotFeed | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Like `verify_logits`, with slot rows after the tree's (oospec.engine.slot_rows): (the tree's
         (len(tree)+1, vocab) logits, the slot rows' (len(slots), vocab) logits; None without slot rows). The feed's
         rows join the forest when the step commits."""
@@ -220,7 +222,8 @@ class TargetBackend:
         return logits[:q], logits[q:]
 
     @torch.inference_mode()
-    def verify_outputs(self, pending: int, tree: TokenTree, hidden_states: bool = False, slots: SlotFeed | None = None):
+    def verify_outputs(self, pending: int, tree: TokenTree, hidden_states: bool = False,
+                       slots: SlotFeed | None = None):
         """The model's output of one verification forward (hidden_states: after every layer as well): rows of the
         pending token and the tree, then the slot rows of `slots`."""
         plan = None
