@@ -223,13 +223,18 @@ def test_tree_and_slot_rows_stay_within_the_invariant_forward(invariant_pair):
     assert drafter.given == STEP_ROWS - 1 - 60
 
 
-def test_padded_targets_refuse_slot_rows(invariant_pair):
-    _, lora = invariant_pair
+def test_padded_targets_refuse_slot_rows_and_decode_without_them(invariant_pair):
+    plain, lora = invariant_pair
     target = TargetBackend(lora)
-    target.step_rows = STEP_ROWS
+    target.step_rows = STEP_ROWS  # as on an accelerator (oospec.engine.padded): every forward padded to 64 rows
     target.reset(64)
     with pytest.raises(ValueError, match="not the padded one"):
         target.verify_rows(1, TokenTree.empty(), SlotFeed(np.array([1]), np.array([PROMPT]), 0))
+    prompt = prompts(8)[0]
+    drafter = SlotRowDrafter(VOCAB, 0, max_nodes=8)
+    out = generate(target, drafter, decode_request(prompt, 16, 8))
+    assert np.array_equal(out.tokens, generate(TargetBackend(plain), None, decode_request(prompt, 16)).tokens)
+    assert drafter.given == [] and out.stats.target_forwards > 1
 
 
 def test_a_gguf_target_with_a_slot_lora_decodes_as_without(tmp_path, one_thread):
@@ -255,3 +260,13 @@ def test_a_gguf_target_with_a_slot_lora_decodes_as_without(tmp_path, one_thread)
     paths, logits = next((p, lg) for p, lg in drafter.seen if p and len(p[-1]) > 1)
     chain = torch.as_tensor(paths[-1]).view(1, -1)
     assert same_bits(logits[-1], _chain_logits(lora, prompt, chain, adapted=True))
+
+
+def test_trees_are_sized_for_forwards_that_hold_the_slot_rows_too():
+    """A cost-aware tree pays for its nodes in a forward that also holds the slot rows: c(k + s)."""
+    from oospec.engine.budget import CostModel
+
+    curve = CostModel.from_curve({1: 1.0, 16: 2.0, 64: 8.0})
+    beside = curve.beside(24)
+    assert np.allclose(beside.cost([1, 8, 40, 100]), curve.cost([25, 32, 64, 124]))
+    assert curve.beside(0) is curve

@@ -170,7 +170,8 @@ def start_state(target: TargetBackend, drafter: Drafter, request: Request) -> De
     # The most nodes one forward takes (the invariant forward's limit, TargetBackend.max_tree_nodes): the tree's
     # budget first, slot rows in what is left. The drafter's slot rows are known once it has seen the request.
     step_nodes = getattr(target, "max_tree_nodes", None)
-    slot_rows = max(0, int(drafter.slot_rows))
+    # The padded forward (accelerators) has no slot rows: its attention sees every row's prefix whole.
+    slot_rows = 0 if getattr(target, "step_rows", None) else max(0, int(drafter.slot_rows))
     if step_nodes is not None:
         budget = min(budget, step_nodes)
         slot_rows = min(slot_rows, step_nodes - budget)
@@ -226,11 +227,11 @@ def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> tuple
     t0 = time.perf_counter()
     context = state.seq[: state.n]  # a view: drafters read the prompt and output as written, never re-tokenized
     discount = state.meter.discount if state.meter is not None else 1.0
-    tree = build_tree(drafter.candidates(context), state.budget, drafter.cost, discount).pruned(state.budget,
-                                                                                               remaining - 1)
     feed = drafter.slot_feed(context, state.slot_rows) if state.slot_rows else None
     if feed is not None and len(feed) > state.slot_rows:
         raise ValueError(f"{drafter.name} fed {len(feed)} slot rows, more than the {state.slot_rows} it was given")
+    cost = drafter.cost.beside(len(feed)) if feed is not None and drafter.cost is not None else drafter.cost
+    tree = build_tree(drafter.candidates(context), state.budget, cost, discount).pruned(state.budget, remaining - 1)
     stats.draft_s += time.perf_counter() - t0
     return tree, feed
 

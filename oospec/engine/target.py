@@ -217,6 +217,8 @@ class TargetBackend:
         rows join the forest when the step commits."""
         if slots is None:
             return self.verify_logits(pending, tree), None
+        if self.step_rows:
+            raise ValueError("slot rows run on the row-invariant CPU forward, not the padded one")
         logits = self.verify_outputs(pending, tree, slots=slots).logits[0]
         q = len(tree) + 1
         return logits[:q], logits[q:]
@@ -228,8 +230,6 @@ class TargetBackend:
         pending token and the tree, then the slot rows of `slots`."""
         plan = None
         if slots is not None:
-            if self.step_rows:
-                raise ValueError("slot rows run on the row-invariant CPU forward, not the padded one")
             self._drop_slots(slots.drop)
             plan = self.slots.plan(slots)
         q = len(tree) + 1
