@@ -158,16 +158,24 @@ class RowLoRALinear(LoRALinear):
                  span: RowSpan):
         super().__init__(base, a, b, scaling, dtype)
         self.span = span
+        self._panels: tuple | None = None  # (ops, A's panels, B's panels): packed once for the base's kernels
 
     def delta(self, x: torch.Tensor) -> torch.Tensor:
         """LoRALinear's delta; through the base's invariant kernels where it has them, so that a slot row's bits
         do not depend on how many slot rows share its forward either."""
-        ops = getattr(self.base, "ops", None)
+        ops = getattr(self.base, "ops", None)  # read here: install() may give the base its kernels after the wrap
         if ops is None:
             return super().delta(x)
         h = x.reshape(-1, x.shape[-1]).to(self.lora_a.dtype).contiguous()
-        d = ops.linear(ops.linear(h, self.lora_a, None), self.lora_b, None) * self.scaling
-        return d.to(x.dtype).view(*x.shape[:-1], d.shape[-1])
+        if not hasattr(ops, "pack_linear"):  # the pure-torch kernels
+            d = ops.linear(ops.linear(h, self.lora_a, None), self.lora_b, None)
+        else:
+            if self._panels is None or self._panels[0] is not ops:
+                self._panels = (ops, ops.pack_linear(self.lora_a.detach()), ops.pack_linear(self.lora_b.detach()))
+            _, a, b = self._panels
+            rank, out = self.lora_a.shape[0], self.lora_b.shape[0]
+            d = ops.linear_packed(ops.linear_packed(h, a, None, rank), b, None, out)
+        return (d * self.scaling).to(x.dtype).view(*x.shape[:-1], d.shape[-1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
