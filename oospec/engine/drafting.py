@@ -13,6 +13,9 @@ How the tree is built is the drafter's `cost` (an attribute, not a method):
 
 Drafters carry no probabilities the verifier uses: it treats their tokens as guesses to be matched against
 the target's greedy choices, so any drafter, however wrong, leaves the output unchanged.
+
+Beside the tree a drafter may run slot rows in the same forwards (`slot_rows`, `slot_feed`, `slot_logits`;
+oospec.engine.slot_rows): rows no committed token ever sees, whose logits only the drafter reads.
 """
 
 from __future__ import annotations
