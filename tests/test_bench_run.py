@@ -414,6 +414,10 @@ def test_oospec_rows_with_a_slot_adapter_is_identical_to_ar(smollm2_tokenizer, t
                       slot_adapter=str(adapter))
     rows = bench_run.run_benchmark(cfg, engine=engine)["summary"]["apibank"]
     assert rows["oospec-rows"]["identical_rate"] == 1.0 and rows["toolspec"]["identical_rate"] == 1.0
+    assert rows["oospec-rows"]["cores"] == rows["ar"]["cores"]  # no process of its own: the target's cores
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    jobs = [r["sidecar"] for r in records if r["method"] == "oospec-rows"]
+    assert len(jobs) == 2 and all(job["submitted"] and job["schedule"]["why"] == "always" for job in jobs)
     assert type(engine.model.model.layers[0].self_attn.q_proj).__name__ == "RowLoRALinear"
     run = json.loads((tmp_path / "out" / "run.json").read_text())
     assert run["slot_adapter"] == str(adapter) and f"--slot-adapter {adapter}" in run["command"]
