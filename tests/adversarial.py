@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from oospec.engine.drafting import Candidate, Drafter, Request
+from oospec.engine.slot_rows import PROMPT, SlotFeed
 from oospec.engine.tree import ROOT, TokenTree
 
 
@@ -81,22 +82,66 @@ class EmptyDrafter(Drafter):
     name = "empty"
 
 
-class ProbingDrafter(RandomTreeDrafter):
-    """Random trees, plus random probe chains beyond the budget (Drafter.probes): long ones, repeated ones,
-    ones equal to the tree's own branches; keeps every (context, probe, choices) it was shown."""
+class SlotRowDrafter(RandomTreeDrafter):
+    """Random trees, plus random slot rows in every forward it may (Drafter.slot_feed): chains started at the
+    prompt, several tokens of one chain in one forward (a primer), chains grown, branched and dropped; keeps every
+    row's token path below the prompt with the logits the target gave it."""
 
-    name = "probing"
+    name = "slot-rows"
 
-    def __init__(self, vocab: int, seed: int, max_nodes: int = 16, probe_nodes: int = 24):
+    def __init__(self, vocab: int, seed: int, max_nodes: int = 16, slot_rows: int = 24, slot_store: int = 200):
         super().__init__(vocab, seed, max_nodes)
-        self.probe_nodes = probe_nodes
-        self.seen: list[tuple[np.ndarray, list[np.ndarray], TokenTree, np.ndarray]] = []
+        self.slot_rows, self.slot_store = slot_rows, slot_store
 
-    def probes(self, context):
-        self._context = context.copy()
-        chains = [self.rng.integers(0, self.vocab, int(self.rng.integers(1, 40))) for _ in range(3)]
-        self._probes = chains + [chains[0]]
-        return self._probes
+    def start(self, request: Request) -> None:
+        self.prompt = np.asarray(request.prompt_ids)
+        self.paths: dict[int, list[int]] = {}  # live node id -> its tokens from the prompt on
+        self.parent: dict[int, int] = {}
+        self.next_id = 0
+        self.seen: list[tuple[list[list[int]], np.ndarray]] = []  # (each row's path, (s, vocab) logits)
+        self.given: list[int] = []  # the rows the engine let it feed, per forward
 
-    def verified(self, tree, choices):
-        self.seen.append((self._context, self._probes, tree, np.asarray(choices).copy()))
+    def _forget(self, drop: list[int]) -> None:
+        gone = set(drop)
+        for node in sorted(self.paths):  # parents before children
+            if self.parent[node] in gone:
+                gone.add(node)
+        for node in gone:
+            del self.paths[node], self.parent[node]
+
+    def slot_feed(self, context, rows):
+        self.given.append(rows)
+        rng = self.rng
+        live = sorted(self.paths)
+        drop = [int(i) for i in rng.choice(live, int(rng.integers(1, 3)), replace=False)] if \
+            len(live) > 2 and rng.random() < 0.3 else []
+        n = int(rng.integers(0, rows + 1))
+        if len(live) + n > self.slot_store:
+            drop = [i for i in live if self.parent[i] == PROMPT]
+        self._forget(drop)
+        live = sorted(self.paths)
+        tokens, parents, self._paths = [], [], []
+        for j in range(n):
+            r = rng.random()
+            if r < 0.15 or not (live or j):
+                parent, path = PROMPT, []
+            elif r < 0.6 and j:  # below an earlier row of this feed: a chain fed several tokens at once
+                k = int(rng.integers(0, j))
+                parent, path = self.next_id + k, self._paths[k]
+            elif live:
+                parent = int(rng.choice(live))
+                path = self.paths[parent]
+            else:
+                parent, path = PROMPT, []
+            tokens.append(int(rng.integers(0, self.vocab)))
+            parents.append(parent)
+            self._paths.append(path + [tokens[-1]])
+        return SlotFeed(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int64), self.next_id, drop)
+
+    def slot_logits(self, feed, logits):
+        assert logits.shape[0] == len(feed)
+        for j, path in enumerate(self._paths):
+            self.paths[self.next_id + j] = path
+            self.parent[self.next_id + j] = int(feed.parents[j])
+        self.next_id += len(feed)
+        self.seen.append((self._paths, logits.clone()))

@@ -191,11 +191,36 @@ def request_by_id(item_id: str, called=()):
 
 def tree_mask(tree, start: int, rows: int) -> torch.Tensor:
     """TargetBackend's (1, 1, rows, start+rows) float32 mask of a verification forward over `tree`."""
+    from oospec.engine.slot_rows import SlotForest
     from oospec.engine.target import TargetBackend
 
     target = TargetBackend.__new__(TargetBackend)
     target.dtype, target.device, target._neg = torch.float32, torch.device("cpu"), torch.finfo(torch.float32).min
+    target.slots = SlotForest()
     return target._tree_mask(tree, start, rows)
+
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def write_random_lora(folder: Path, model, scale: float = 10.0, r: int = 4, alpha: int = 8, seed: int = 0) -> Path:
+    """A peft-format LoRA adapter folder over every projection of `model` (LORA_TARGETS), factors drawn from
+    N(0, scale^2): huge at the default scale, so whatever the rows that take it see changes completely."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    factors = {}
+    for name, module in model.named_modules():
+        if name.endswith(LORA_TARGETS) and hasattr(module, "in_features"):
+            factors[f"base_model.model.{name}.lora_A.weight"] = torch.randn(r, module.in_features, generator=g) * scale
+            factors[f"base_model.model.{name}.lora_B.weight"] = torch.randn(module.out_features, r, generator=g) * scale
+    save_file(factors, str(folder / "adapter_model.safetensors"))
+    (folder / "adapter_config.json").write_text(json.dumps({"r": r, "lora_alpha": alpha, "bias": "none",
+                                                            "target_modules": list(LORA_TARGETS)}))
+    return folder
 
 
 def tiny_tokenizer():

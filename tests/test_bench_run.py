@@ -398,3 +398,26 @@ def test_tool_choice_required_decodes_every_method_under_the_call_grammar(tiny_e
     with pytest.raises(BenchError, match="--tool-choice must be one of auto, required"):
         bench_run.run_benchmark(BenchConfig(datasets=["apibank"], tool_choice="none", out=tmp_path, progress=False,
                                             echo=False))
+
+
+def test_oospec_rows_with_a_slot_adapter_is_identical_to_ar(smollm2_tokenizer, tmp_path):
+    """`--methods ar,toolspec,oospec-rows --slot-adapter FOLDER`: the LoRA goes on the shared target, only slot rows
+    read it; every method's output is ar's, and the run records the adapter."""
+    from helpers import write_random_lora
+
+    from oospec.engine.engine import Engine
+
+    engine = Engine(_tiny_llama(len(smollm2_tokenizer), seed=0, layers=1), smollm2_tokenizer)  # its own: the LoRA
+    adapter = write_random_lora(tmp_path / "slot-lora", engine.model, scale=1.0)
+    cfg = BenchConfig(datasets=["apibank"], methods=["ar", "toolspec", "oospec-rows"], target="tiny-random", limit=2,
+                      max_new_tokens=24, budget=8, out=tmp_path / "out", progress=False, echo=False, threads=1,
+                      slot_adapter=str(adapter))
+    rows = bench_run.run_benchmark(cfg, engine=engine)["summary"]["apibank"]
+    assert rows["oospec-rows"]["identical_rate"] == 1.0 and rows["toolspec"]["identical_rate"] == 1.0
+    assert rows["oospec-rows"]["cores"] == rows["ar"]["cores"]  # no process of its own: the target's cores
+    records = [json.loads(line) for line in (tmp_path / "out" / "samples.jsonl").read_text().splitlines()]
+    jobs = [r["sidecar"] for r in records if r["method"] == "oospec-rows"]
+    assert len(jobs) == 2 and all(job["submitted"] and job["schedule"]["why"] == "always" for job in jobs)
+    assert type(engine.model.model.layers[0].self_attn.q_proj).__name__ == "RowLoRALinear"
+    run = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert run["slot_adapter"] == str(adapter) and f"--slot-adapter {adapter}" in run["command"]

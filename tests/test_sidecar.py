@@ -15,7 +15,8 @@ from sidecar_fakes import InstantSidecar
 
 from oospec.drafters.schema import SchemaDrafter
 from oospec.drafters.sidecar import SidecarDrafter, SidecarReport
-from oospec.sidecar.predictor import RowRunner, SidecarPredictor, parse_value
+from oospec.sidecar.predictor import RowRunner, SidecarPredictor
+from oospec.sidecar.slot_values import parse_value
 from oospec.sidecar.protocol import Guess, Job, PayloadError, encode_payload, parse_payload
 from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.render import CallRenderer, Style

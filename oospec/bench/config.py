@@ -46,6 +46,9 @@ class BenchConfig(Selection):
     sidecar_device: str = SidecarSettings.device
     sidecar_dtype: str = SidecarSettings.dtype  # see oospec.models.cpu_features.drafter_dtype
     sidecar_adapter: str | None = SidecarSettings.adapter  # see oospec.sidecar.process.resolve_adapter
+    # The slot LoRA of oospec-rows: a peft adapter folder for the target, read by slot rows only
+    # (oospec.engine.slot_rows.add_slot_lora); None: the slot rows read the target's own weights.
+    slot_adapter: str | None = None
     out: str | Path | None = None
     assistant: str = DEFAULT_SIDECAR  # the draft model of hf-assisted
     dtype: str = DEFAULT_DTYPE

@@ -244,11 +244,23 @@ class SidecarMethod(EngineMethod):
             self.shared.sidecar.clear_cache()
             self.plan.cache_cleared()
         self.shared.sidecar_last_item = item
-        run = super().run(sample, prompt_ids, reference, max_new_tokens)
-        report = self.drafter.report.as_dict()
-        text = self.shared.engine.tokenizer.decode(run.tokens, skip_special_tokens=True)
-        run.extra["sidecar"] = {**report, **sidecar_agreement(report, sample, text)}
-        return run
+        return record_sidecar(super().run(sample, prompt_ids, reference, max_new_tokens), self, sample)
+
+
+def record_sidecar(run: Run, method: EngineMethod, sample) -> Run:
+    """The method's sidecar report (its drafter's) and how it agrees with the call written, in the run's record."""
+    report = method.drafter.report.as_dict()
+    text = method.shared.engine.tokenizer.decode(run.tokens, skip_special_tokens=True)
+    run.extra["sidecar"] = {**report, **sidecar_agreement(report, sample, text)}
+    return run
+
+
+class SlotRowsMethod(EngineMethod):
+    """`oospec-rows`: no sidecar process (its rows ride on the target's forwards, on the target's cores); its job
+    is recorded as a sidecar's."""
+
+    def run(self, sample, prompt_ids, reference, max_new_tokens) -> Run:
+        return record_sidecar(super().run(sample, prompt_ids, reference, max_new_tokens), self, sample)
 
 
 class OoOSpecMethod(SidecarMethod):
@@ -390,6 +402,7 @@ METHODS: dict[str, type[BenchMethod]] = {
     "oospec-wait": OoOSpecWaitMethod,
     "oospec-always": OoOSpecAlwaysMethod,
     "oospec-own-cores": OoOSpecOwnCoresMethod,
+    "oospec-rows": SlotRowsMethod,
     "hf-pld": HFMethod,
     "hf-assisted": HFAssistedMethod,
 }

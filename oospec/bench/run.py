@@ -64,6 +64,10 @@ def run_benchmark(cfg: BenchConfig, *, engine=None, assistant_model=None, assist
             from oospec.engine.engine import Engine
 
             engine = Engine.from_pretrained(cfg.target, dtype=cfg.dtype, device=cfg.device, optimize=cfg.optimize)
+        if cfg.slot_adapter:  # every method shares the target: only slot rows (oospec-rows) read the LoRA
+            from oospec.engine.slot_rows import add_slot_lora
+
+            add_slot_lora(engine.model, cfg.slot_adapter)
         shared = Shared(engine, cfg, cores, assistant_model=assistant_model, assistant_tokenizer=assistant_tokenizer)
         methods = build_methods(names, shared)
         own_sidecar = sidecar is None and with_sidecar
@@ -238,6 +242,7 @@ def _header(cfg: BenchConfig, engine, methods: list[BenchMethod], cores: Cores, 
         "trained_items": trained,
         "max_new_tokens": cfg.max_new_tokens,
         "budget": cfg.budget,
+        "slot_adapter": cfg.slot_adapter,
         "decoding": decoding_note(cfg),
         "methods": names,
         "datasets": [label for label, _ in datasets],
@@ -354,6 +359,8 @@ def command_line(cfg: BenchConfig) -> str:
             parts += ["--sidecar-dtype", cfg.sidecar_dtype]
         if cfg.allow_trained_items:
             parts.append("--allow-trained-items")
+    if cfg.slot_adapter:
+        parts += ["--slot-adapter", str(cfg.slot_adapter)]
     if cfg.out:
         parts += ["--out", str(cfg.out)]
     if "hf-assisted" in methods:

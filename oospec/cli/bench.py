@@ -72,7 +72,8 @@ def bench_config(args) -> BenchConfig:
         assistant=args.assistant, dtype=args.dtype, device=args.device, optimize=not args.no_optimize,
         warmup=not args.no_warmup, progress=not args.no_progress,
         sidecar_model=args.sidecar_model, sidecar_threads=args.sidecar_threads, sidecar_device=args.sidecar_device,
-        sidecar_dtype=args.sidecar_dtype, sidecar_adapter=args.sidecar_adapter, temperature=args.temperature,
+        sidecar_dtype=args.sidecar_dtype, sidecar_adapter=args.sidecar_adapter, slot_adapter=args.slot_adapter,
+        temperature=args.temperature,
         top_p=args.top_p, top_k=args.top_k, seed=args.seed,
     )
 
@@ -270,6 +271,9 @@ def add_bench_parser(sub) -> None:
                          seed_default=BenchConfig.seed)
     p.add_argument("--out", help="output folder (default: runs/<timestamp>-<datasets>)")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up generation")
+    p.add_argument("--slot-adapter", default=BenchConfig.slot_adapter, metavar="FOLDER",
+                   help="the slot LoRA of oospec-rows: a peft adapter folder for the target, read by its slot rows "
+                        "only (default: none, the target's own weights)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_runtime_options(p)
     add_sidecar_options(p)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from oospec.drafters.inline import SlotRowsDrafter
 from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.retrieval import RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
@@ -20,6 +21,7 @@ DRAFTERS: dict[str, Callable[..., Drafter]] = {
     "toolspec": ToolSpecDrafter,
     "sidecar": SidecarDrafter,  # sidecar=SidecarClient(...): hints only
     "oospec": OoOSpecDrafter,  # sidecar=SidecarClient(...): toolspec plus hints (toolspec alone without one)
+    "oospec-rows": SlotRowsDrafter,  # toolspec plus hints from slot rows in the target's own forwards
 }
 
 

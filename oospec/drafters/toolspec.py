@@ -41,16 +41,28 @@ class MergedDrafter(Drafter):
             part.observe(produced)
 
     @property
-    def probe_nodes(self) -> int:
-        return sum(part.probe_nodes for part in self.parts)
+    def _slot_part(self) -> Drafter | None:
+        """The part whose slot rows the target runs: node ids are one forest's, so one part at most has them."""
+        parts = [part for part in self.parts if part.slot_rows]
+        if len(parts) > 1:
+            raise ValueError(f"slot rows from {len(parts)} parts of {self.name}: one forest, one part")
+        return parts[0] if parts else None
 
-    def probes(self, context: np.ndarray) -> list[np.ndarray]:
-        return [chain for part in self.parts if part.probe_nodes for chain in part.probes(context)]
+    @property
+    def slot_rows(self) -> int:
+        part = self._slot_part
+        return part.slot_rows if part else 0
 
-    def verified(self, tree, choices: np.ndarray) -> None:
-        for part in self.parts:
-            if part.probe_nodes:
-                part.verified(tree, choices)
+    @property
+    def slot_store(self) -> int:
+        part = self._slot_part
+        return part.slot_store if part else 0
+
+    def slot_feed(self, context: np.ndarray, rows: int):
+        return self._slot_part.slot_feed(context, rows)
+
+    def slot_logits(self, feed, logits) -> None:
+        self._slot_part.slot_logits(feed, logits)
 
     def finish(self) -> None:
         for part in self.parts:

@@ -63,6 +63,10 @@ class CostModel:
         """Verification is free up to the budget (an idealised accelerator)."""
         return cls.from_curve({1: 1.0, 4096: 1.0})
 
+    def beside(self, rows: int) -> CostModel:
+        """The curve of forwards that hold `rows` rows besides the k counted (slot rows): c(k + rows)/c(1)."""
+        return CostModel(self.ks - rows, self.ratios) if rows else self
+
     def cost(self, k: np.ndarray | int) -> np.ndarray:
         """c(k)/c(1), interpolated linearly, extrapolated with the last slope."""
         k = np.asarray(k, dtype=np.float64)

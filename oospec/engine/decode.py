@@ -20,8 +20,9 @@ from oospec.engine.constraint import GrammarConstraint
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Drafter, Request, build_tree
 from oospec.engine.prefix_cache import PrefixCache
+from oospec.engine.slot_rows import SlotFeed
 from oospec.engine.speculative_sampling import speculative_accept
-from oospec.engine.target import TargetBackend
+from oospec.engine.target import TargetBackend, greedy_choices
 from oospec.engine.threads import ThreadShare
 from oospec.engine.tree import TokenTree
 from oospec.models.registry import DEFAULT_BUDGET
@@ -88,7 +89,7 @@ class DecodeState:
     prompt_len: int
     max_new: int  # the most tokens produced (the request's, already fitted to the context by the engine)
     budget: int  # the most draft nodes verified per forward (the request's, capped by the forward's limit)
-    probe_nodes: int  # nodes past the budget where the drafter reads the target's predictions (Drafter.probes)
+    slot_rows: int  # the most slot rows per forward, past the budget (Drafter.slot_rows)
     eos: np.ndarray  # (e,) int64 tokens that end the turn
     sampling: SamplingParams | None  # None: greedy
     # (max_new,) float64: the draw of each output position, as plain sampling makes them (speculative_sampling).
@@ -136,12 +137,13 @@ def generate(target: TargetBackend, drafter: Drafter | None, request: Request, *
         tell(on_tokens, state, state.seq[state.n - 1 : state.n])
         t_decode = time.perf_counter()
         while state.finish_reason is None:
-            tree, mask = constrain(state, draft(drafter, state, stats))
+            tree, feed = draft(drafter, state, stats)
+            tree, mask = constrain(state, tree)
             threads.update()
-            path, bonus, choices = verify(target, state, tree, mask)
-            if state.probe_nodes and len(tree):
-                drafter.verified(tree, choices)
+            path, bonus, slot_logits = verify(target, state, tree, mask, feed)
             produced = commit(target, state, tree, path, bonus, stats)
+            if slot_logits is not None:
+                drafter.slot_logits(feed, slot_logits)
             t_observe = time.perf_counter()
             drafter.observe(produced)
             stats.draft_s += time.perf_counter() - t_observe
@@ -165,24 +167,26 @@ def start_state(target: TargetBackend, drafter: Drafter, request: Request) -> De
     prompt = np.asarray(request.prompt_ids, dtype=np.int64)
     max_new = request.max_new_tokens
     budget = request.budget if request.budget is not None else DEFAULT_BUDGET
-    # The most nodes one forward takes (the invariant forward's limit, TargetBackend.max_tree_nodes); the probe
-    # count is known once the drafter has seen the request (its cost curve says how cheap extra rows are).
+    # The most nodes one forward takes (the invariant forward's limit, TargetBackend.max_tree_nodes): the tree's
+    # budget first, slot rows in what is left. The drafter's slot rows are known once it has seen the request.
     step_nodes = getattr(target, "max_tree_nodes", None)
-    probe_nodes = max(0, int(getattr(drafter, "probe_nodes", 0)))
+    # The padded forward (accelerators) has no slot rows: its attention sees every row's prefix whole.
+    slot_rows = 0 if getattr(target, "step_rows", None) else max(0, int(drafter.slot_rows))
     if step_nodes is not None:
         budget = min(budget, step_nodes)
-        probe_nodes = min(probe_nodes, step_nodes - budget)
+        slot_rows = min(slot_rows, step_nodes - budget)
+    slot_store = max(0, int(drafter.slot_store)) if slot_rows else 0
     sampling = request.sampling
-    capacity = prompt.size + max_new + budget + probe_nodes + 1
+    capacity = prompt.size + max_new + budget + 1
     state = DecodeState(
         seq=np.empty(capacity, dtype=np.int64), prompt_len=prompt.size, max_new=max_new, budget=budget,
-        probe_nodes=probe_nodes, eos=np.fromiter(request.eos_ids, dtype=np.int64), sampling=sampling,
+        slot_rows=slot_rows, eos=np.fromiter(request.eos_ids, dtype=np.int64), sampling=sampling,
         # Trees are pruned to the tokens still wanted, so no node reaches past the last uniform.
         uniforms=sampling.uniforms(max(max_new, 1)) if sampling is not None else None,
         meter=SampledAcceptance() if sampling is not None else None,
         constraint=request.constraint, n=prompt.size)
     state.seq[: prompt.size] = prompt
-    target.reset(capacity)
+    target.reset(capacity + slot_rows + slot_store)  # a forward's slot rows past the store, the store kept
     return state
 
 
@@ -214,21 +218,22 @@ def prefill(target: TargetBackend, state: DecodeState, prefix_cache: PrefixCache
         state.finish_reason = "length"
 
 
-def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> TokenTree:
-    """2. Draft: a tree below the pending token of at most `budget` nodes (plus probes), no deeper than the
-    tokens still wanted after the bonus token."""
+def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> tuple[TokenTree, SlotFeed | None]:
+    """2. Draft: a tree below the pending token of at most `budget` nodes, no deeper than the tokens still wanted
+    after the bonus token; and the drafter's slot rows for the same forward (None: none)."""
     remaining = state.max_new - state.produced
     if remaining <= 1:
-        return TokenTree.empty()
+        return TokenTree.empty(), None
     t0 = time.perf_counter()
     context = state.seq[: state.n]  # a view: drafters read the prompt and output as written, never re-tokenized
     discount = state.meter.discount if state.meter is not None else 1.0
-    tree = build_tree(drafter.candidates(context), state.budget, drafter.cost, discount).pruned(state.budget,
-                                                                                               remaining - 1)
-    if state.probe_nodes:
-        tree = tree.extended(drafter.probes(context), len(tree) + state.probe_nodes, remaining - 1)
+    feed = drafter.slot_feed(context, state.slot_rows) if state.slot_rows else None
+    if feed is not None and len(feed) > state.slot_rows:
+        raise ValueError(f"{drafter.name} fed {len(feed)} slot rows, more than the {state.slot_rows} it was given")
+    cost = drafter.cost.beside(len(feed)) if feed is not None and drafter.cost is not None else drafter.cost
+    tree = build_tree(drafter.candidates(context), state.budget, cost, discount).pruned(state.budget, remaining - 1)
     stats.draft_s += time.perf_counter() - t0
-    return tree
+    return tree, feed
 
 
 def constrain(state: DecodeState, tree: TokenTree) -> tuple[TokenTree, torch.Tensor | None]:
@@ -239,29 +244,34 @@ def constrain(state: DecodeState, tree: TokenTree) -> tuple[TokenTree, torch.Ten
     return state.constraint.prune(tree)
 
 
-def verify_greedy(target: TargetBackend, state: DecodeState, tree: TokenTree,
-                  mask: torch.Tensor | None) -> tuple[np.ndarray, int, np.ndarray]:
-    """3. Verify, greedy: one forward over the pending token and every node; accepted the longest path the target
-    agrees with, then its own next token (oospec.engine.acceptance). (path, bonus, the target's choices)."""
-    if mask is None:
-        choices = target.verify(state.pending, tree)
+def verify_greedy(target: TargetBackend, state: DecodeState, tree: TokenTree, mask: torch.Tensor | None,
+                  feed: SlotFeed | None) -> tuple[np.ndarray, int, torch.Tensor | None]:
+    """3. Verify, greedy: one forward over the pending token, every node and the slot rows; accepted the longest
+    path the target agrees with, then its own next token (oospec.engine.acceptance). (path, bonus, the slot rows'
+    logits or None)."""
+    if mask is None and feed is None:
+        choices, slot_logits = target.verify(state.pending, tree), None
     else:
-        logits = state.constraint.apply(target.verify_logits(state.pending, tree), mask)
-        choices = logits.argmax(-1).cpu().numpy()
+        logits, slot_logits = target.verify_rows(state.pending, tree, feed)
+        if mask is not None:
+            logits = state.constraint.apply(logits, mask)
+        choices = greedy_choices(logits)
     path, bonus = greedy_accept(tree, choices)
-    return path, bonus, choices
+    return path, bonus, slot_logits
 
 
-def verify_sampled(target: TargetBackend, state: DecodeState, tree: TokenTree,
-                   mask: torch.Tensor | None) -> tuple[np.ndarray, int, np.ndarray | None]:
+def verify_sampled(target: TargetBackend, state: DecodeState, tree: TokenTree, mask: torch.Tensor | None,
+                   feed: SlotFeed | None) -> tuple[np.ndarray, int, torch.Tensor | None]:
     """3. Verify, sampled: one forward; accepted the path speculative sampling accepts, then the token it draws
-    after it (oospec.engine.speculative_sampling). The target's choices only where probes read them."""
-    logits = target.verify_logits(state.pending, tree)
+    after it (oospec.engine.speculative_sampling). (path, bonus, the slot rows' logits or None)."""
+    if feed is None:
+        logits, slot_logits = target.verify_logits(state.pending, tree), None
+    else:
+        logits, slot_logits = target.verify_rows(state.pending, tree, feed)
     if mask is not None:
         logits = state.constraint.apply(logits, mask)
     path, bonus = speculative_accept(tree, logits, state.sampling, state.uniforms[state.produced :], state.meter)
-    choices = logits.argmax(-1).cpu().numpy() if state.probe_nodes else None  # probes want the likeliest token
-    return path, bonus, choices
+    return path, bonus, slot_logits
 
 
 def commit(target: TargetBackend, state: DecodeState, tree: TokenTree, path: np.ndarray, bonus: int,

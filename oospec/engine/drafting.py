@@ -13,6 +13,9 @@ How the tree is built is the drafter's `cost` (an attribute, not a method):
 
 Drafters carry no probabilities the verifier uses: it treats their tokens as guesses to be matched against
 the target's greedy choices, so any drafter, however wrong, leaves the output unchanged.
+
+Beside the tree a drafter may run slot rows in the same forwards (`slot_rows`, `slot_feed`, `slot_logits`;
+oospec.engine.slot_rows): rows no committed token ever sees, whose logits only the drafter reads.
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from oospec.engine.budget import CostModel
 from oospec.engine.distribution import SamplingParams
+from oospec.engine.slot_rows import SlotFeed
 from oospec.engine.tree import ROOT, TokenTree
 
 
@@ -116,20 +121,22 @@ class Drafter:
     def finish(self) -> None:
         """Called once when the request ends (also on errors)."""
 
-    # Nodes a drafter may add to every tree beyond the budget to read the target's own predictions there rather
-    # than to be accepted (`probes`); 0: it has none. The target verifies them like any node, so the output
-    # is the same whatever they hold. (A sidecar fused into the target reads its slot rows here; the untrained
-    # version, the target's own guesses behind "value ends, next key", saved no more than it cost:
-    # docs/results-history.md.)
-    probe_nodes = 0
+    # Slot rows (oospec.engine.slot_rows): rows beyond the tree, at most `slot_rows` per forward, that read the
+    # prompt and grow token chains of their own (a slot's value, one token per forward), through the target's slot
+    # LoRA where it has one; `slot_store`: the most of their nodes the target holds at once. The output is the
+    # same whatever they hold. 0: none. (The untrained version, the target's own guesses behind "value ends, next
+    # key" as tree nodes, saved no more than it cost: docs/results-history.md.)
+    slot_rows = 0
+    slot_store = 0
 
-    def probes(self, context: np.ndarray) -> list[np.ndarray]:
-        """Token chains below the pending token whose predictions the drafter wants (see `verified`)."""
-        return []
+    def slot_feed(self, context: np.ndarray, rows: int) -> SlotFeed | None:
+        """The slot rows of the next forward, at most `rows` of them, their parents among the target's slot forest
+        as the last `slot_logits` left it (None: none this forward)."""
+        return None
 
-    def verified(self, tree: TokenTree, choices: np.ndarray) -> None:
-        """The tree just verified and the target's greedy choice after the pending token and after every node,
-        ((len(tree)+1,) int64, entry k+1 after node k); called only for drafters with probe_nodes."""
+    def slot_logits(self, feed: SlotFeed, logits: torch.Tensor) -> None:
+        """The (len(feed), vocab) logits after each row of the feed just verified (its rows are in the forest now);
+        called only for drafters with slot_rows."""
 
     def idle_threads(self) -> int:
         """CPU threads this drafter's helper process owns on the target's CPU but is not using right now (a

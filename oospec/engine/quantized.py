@@ -17,6 +17,7 @@ of the weights for oneDNN), as every bfloat16 forward does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -94,28 +95,39 @@ class QuantizedEmbedding(nn.Module):
 
 
 class LoRALinear(nn.Module):
-    """A QuantizedLinear plus a LoRA beside it, unmerged: y = base(x) + (x A^T) B^T * scaling, as peft computes an
+    """A linear layer plus a LoRA beside it, unmerged: y = base(x) + (x A^T) B^T * scaling, as peft computes an
     unmerged adapter. Why unmerged: a merge would change the weights the file's blocks hold. For a drafter (the
-    sidecar), whose precision is free; a target's output never goes through one."""
+    sidecar), whose precision is free; a target's output never goes through one (slot rows: only their own rows,
+    oospec.engine.slot_rows). dtype: the factors' (default: the base's, a QuantizedLinear's or InvariantLinear's)."""
 
-    def __init__(self, base: QuantizedLinear, a: torch.Tensor, b: torch.Tensor, scaling: float):
+    def __init__(self, base: nn.Module, a: torch.Tensor, b: torch.Tensor, scaling: float,
+                 dtype: torch.dtype | None = None):
         super().__init__()
         self.base, self.scaling = base, scaling
-        self.lora_a = nn.Parameter(a.to(base.dtype), requires_grad=False)  # [r, in]
-        self.lora_b = nn.Parameter(b.to(base.dtype), requires_grad=False)  # [out, r]
-        self.enabled = True  # off: the base layer alone (a target's prompt read beside slot rows that carry the LoRA)
+        dtype = dtype or base.dtype
+        self.lora_a = nn.Parameter(a.to(dtype), requires_grad=False)  # [r, in]
+        self.lora_b = nn.Parameter(b.to(dtype), requires_grad=False)  # [out, r]
+        self.enabled = True  # off: the base layer alone (a target's prompt read beside rows that carry the LoRA)
+
+    def delta(self, x: torch.Tensor) -> torch.Tensor:
+        """(x A^T) B^T * scaling, in x's dtype."""
+        h = x.to(self.lora_a.dtype)
+        return ((h @ self.lora_a.T) @ self.lora_b.T * self.scaling).to(x.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
             return self.base(x)
-        h = x.to(self.lora_a.dtype)
-        return self.base(x) + ((h @ self.lora_a.T) @ self.lora_b.T * self.scaling).to(x.dtype)
+        return self.base(x) + self.delta(x)
 
 
-def add_lora(model: nn.Module, adapter: str | Path) -> int:
-    """Put a peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) beside the quantized linears
-    it targets, unmerged (LoRALinear). Returns how many layers took one; refuses an adapter that matches none or
-    uses what this does not compute (DoRA, rsLoRA, per-module ranks, bias)."""
+LoRAWrap = Callable[[nn.Module, torch.Tensor, torch.Tensor, float], "nn.Module | None"]
+
+
+def wrap_lora(model: nn.Module, adapter: str | Path, wrap: LoRAWrap) -> int:
+    """Replace every module a peft LoRA adapter folder (adapter_config.json, adapter_model.safetensors) names by
+    `wrap(module, A [r, in], B [out, r], scaling)` (None: leave that one). Returns how many were replaced;
+    refuses an adapter that replaces none or uses what LoRALinear does not compute (DoRA, rsLoRA, per-module
+    ranks, bias)."""
     import json
 
     from safetensors.torch import load_file
@@ -124,21 +136,30 @@ def add_lora(model: nn.Module, adapter: str | Path) -> int:
     config = json.loads((adapter / "adapter_config.json").read_text())
     unsupported = [k for k in ("use_dora", "use_rslora", "rank_pattern", "alpha_pattern") if config.get(k)]
     if unsupported or config.get("bias", "none") != "none":
-        raise ModelIntegrityError(f"{adapter}: the quantized loader adds plain LoRA only, not {unsupported or 'bias'}")
+        raise ModelIntegrityError(f"{adapter}: oospec adds plain LoRA only, not {unsupported or 'bias'}")
     scaling = config["lora_alpha"] / config["r"]
     factors = load_file(str(adapter / "adapter_model.safetensors"))
     done = 0
     for name, module in list(model.named_modules()):
         a = factors.get(f"base_model.model.{name}.lora_A.weight")
-        if a is None or not isinstance(module, QuantizedLinear):
+        if a is None:
             continue
-        b = factors[f"base_model.model.{name}.lora_B.weight"]
+        wrapped = wrap(module, a, factors[f"base_model.model.{name}.lora_B.weight"], scaling)
+        if wrapped is None:
+            continue
         owner, _, leaf = name.rpartition(".")
-        setattr(model.get_submodule(owner), leaf, LoRALinear(module, a, b, scaling))
+        setattr(model.get_submodule(owner), leaf, wrapped)
         done += 1
     if not done:
         raise ModelIntegrityError(f"{adapter}: none of its LoRA factors names a layer of this model")
     return done
+
+
+def add_lora(model: nn.Module, adapter: str | Path) -> int:
+    """Put a peft LoRA adapter folder beside the quantized linears it targets, unmerged (LoRALinear, wrap_lora)."""
+    return wrap_lora(model, adapter,
+                     lambda module, a, b, scaling: LoRALinear(module, a, b, scaling)
+                     if isinstance(module, QuantizedLinear) else None)
 
 
 def load_gguf_model(path: str | Path, *, dtype: torch.dtype = torch.float32, ops=None):

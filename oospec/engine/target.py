@@ -4,6 +4,9 @@ State is explicit and small: one preallocated KV buffer per layer and the commit
 verification forward writes the pending token and every tree node after the committed length; `commit`
 then keeps the pending token and the accepted nodes, moving them to consecutive slots. Rejected nodes
 are simply overwritten by the next step, so rejection costs nothing and the cache never grows from them.
+
+Slot rows (oospec.engine.slot_rows) add a store of their own nodes between the committed slots and the forward's
+rows, which only they see; `commit` moves it past the newly committed slots.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from oospec.engine.budget import GPU_PADDED_CURVE, CostModel, default_cost_model
+from oospec.engine.slot_rows import SlotFeed, SlotForest, SlotPlan, lora_rows
 from oospec.engine.tree import TokenTree
 
 
@@ -36,7 +40,8 @@ def cache_arg(cache: Cache) -> dict[str, Cache]:
 
 
 class SlotLayer(CacheLayerMixin):
-    """One layer's keys and values in a buffer allocated once; `length` counts the committed slots."""
+    """One layer's keys and values in a buffer allocated once; `length` counts the committed slots, `reserved` the
+    slot rows' store after them (a forward writes past both)."""
 
     is_sliding = False
     is_compileable = False
@@ -45,6 +50,7 @@ class SlotLayer(CacheLayerMixin):
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.reserved = 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor, rows: int | None = None) -> None:
         """Allocate the buffers for `rows` sequences (default: as many as key_states has) shaped like the states."""
@@ -64,31 +70,42 @@ class SlotLayer(CacheLayerMixin):
         self.keys[:, :, :n] = keys[:, :, :n]
         self.values[:, :, :n] = values[:, :, :n]
         self.length = n
+        self.reserved = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        self.keys[:, :, self.length : end] = key_states
-        self.values[:, :, self.length : end] = value_states
+        start = self.length + self.reserved
+        end = start + key_states.shape[-2]
+        self.keys[:, :, start:end] = key_states
+        self.values[:, :, start:end] = value_states
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def keep(self, rows: torch.Tensor | None, count: int) -> None:
-        """Keep `count` rows written by the last forward: rows[j] moves to slot length+j (None: rows 0..count-1)."""
+    def keep(self, rows: torch.Tensor | None, count: int, reserved: int = 0) -> None:
+        """Commit `count` slots and hold `reserved` store slots after them: rows[j] (a slot past `length`: the
+        store's, the last forward's) moves to slot length+j (None: the first count+reserved are in place)."""
         if rows is not None:
             start = self.length
-            self.keys[:, :, start : start + count] = self.keys[:, :, start + rows]
-            self.values[:, :, start : start + count] = self.values[:, :, start + rows]
+            self.keys[:, :, start : start + rows.numel()] = self.keys[:, :, start + rows]
+            self.values[:, :, start : start + rows.numel()] = self.values[:, :, start + rows]
         self.length += count
+        self.reserved = reserved
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.length + query_length, 0
+        return self.length + self.reserved + query_length, 0
 
     def get_seq_length(self) -> int:
         return self.length
 
     def get_max_length(self) -> int:
         return self.capacity
+
+
+def greedy_choices(logits: torch.Tensor) -> np.ndarray:
+    """(rows, vocab) logits -> (rows,) int64 argmax."""
+    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu":
+        logits = logits.float()  # exact, so the same argmax; torch's float32 argmax is twice as fast here
+    return logits.argmax(-1).cpu().numpy()
 
 
 # Prompt tokens per prefill forward. Chunks let the engine hand the target more cores between them (once a
@@ -113,6 +130,8 @@ class TargetBackend:
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self._layers: list[SlotLayer] = []
         self._cache: Cache | None = None
+        self.slots = SlotForest()  # the slot rows' nodes held past the committed slots (oospec.engine.slot_rows)
+        self._fed: tuple[int, SlotFeed, SlotPlan] | None = None  # the last forward's tree rows and slot rows
         self._neg = torch.finfo(self.dtype).min
         # The invariant forward (oospec.engine.invariant) covers forwards of at most STEP_ROWS rows: trees
         # stay within it, so every verification row is computed as a 1-row decode would compute it.
@@ -136,11 +155,13 @@ class TargetBackend:
 
     def reset(self, capacity: int) -> None:
         """Start a new request whose prompt, output and largest tree fit in `capacity` slots."""
+        self.slots, self._fed = SlotForest(), None
         if self.step_rows:
             capacity += self.step_rows  # a padded forward writes step_rows slots, whatever the tree
         if self._layers and self._layers[0].capacity >= capacity:
             for layer in self._layers:
-                layer.length = 0  # buffers stay: everything past `length` is overwritten before it is read
+                # buffers stay: everything past `length` is overwritten before it is read
+                layer.length = layer.reserved = 0
             return
         n_layers = self.model.config.num_hidden_layers
         self._layers = [SlotLayer(capacity) for _ in range(n_layers)]
@@ -162,7 +183,7 @@ class TargetBackend:
         The prompt goes in `prefill_chunk` tokens per forward, each attending to the slots the chunks before it
         wrote: the same keys, values and logits as one forward, up to float rounding (other GEMM shapes)."""
         end = int(prompt_ids.size)
-        if start != self.length or not 0 <= start < end:
+        if start != self.length or not 0 <= start < end or self.slots.size:
             raise ValueError(f"prefill from {start} with {self.length} cached tokens and a {end}-token prompt")
         ids = torch.as_tensor(prompt_ids, dtype=torch.long, device=self.device).view(1, end)
         positions = torch.arange(end, device=self.device).view(1, end)
@@ -174,16 +195,14 @@ class TargetBackend:
             out = self.model(input_ids=ids[:, a:b], position_ids=positions[:, a:b], use_cache=True, logits_to_keep=1,
                              **cache_arg(self._cache))
             self._keep(None, b - a)
+        self.slots.anchor = end  # slot rows read the prompt
         return out.logits[0, -1]
 
     @torch.inference_mode()
     def verify(self, pending: int, tree: TokenTree) -> np.ndarray:
         """One forward over the pending token and every tree node; returns the target's greedy choice after
         each of them, (len(tree)+1,) int64 (entry 0: after the pending token)."""
-        logits = self.verify_logits(pending, tree)
-        if logits.dtype == torch.bfloat16 and logits.device.type == "cpu":
-            logits = logits.float()  # exact, so the same argmax; torch's float32 argmax is twice as fast here
-        return logits.argmax(-1).cpu().numpy()
+        return greedy_choices(self.verify_logits(pending, tree))
 
     @torch.inference_mode()
     def verify_logits(self, pending: int, tree: TokenTree) -> torch.Tensor:
@@ -191,44 +210,85 @@ class TargetBackend:
         return self.verify_outputs(pending, tree).logits[0]
 
     @torch.inference_mode()
-    def verify_outputs(self, pending: int, tree: TokenTree, hidden_states: bool = False):
-        """The model's output of one verification forward (hidden_states: after every layer as well)."""
+    def verify_rows(self, pending: int, tree: TokenTree,
+                    slots: SlotFeed | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Like `verify_logits`, with slot rows after the tree's (oospec.engine.slot_rows): (the tree's
+        (len(tree)+1, vocab) logits, the slot rows' (len(slots), vocab) logits; None without slot rows). The feed's
+        rows join the forest when the step commits."""
+        if slots is None:
+            return self.verify_logits(pending, tree), None
+        if self.step_rows:
+            raise ValueError("slot rows run on the row-invariant CPU forward, not the padded one")
+        logits = self.verify_outputs(pending, tree, slots=slots).logits[0]
         q = len(tree) + 1
-        rows = max(q, self.step_rows or 0)  # padding rows repeat the pending token and see only the prefix
+        return logits[:q], logits[q:]
+
+    @torch.inference_mode()
+    def verify_outputs(self, pending: int, tree: TokenTree, hidden_states: bool = False,
+                       slots: SlotFeed | None = None):
+        """The model's output of one verification forward (hidden_states: after every layer as well): rows of the
+        pending token and the tree, then the slot rows of `slots`."""
+        plan = None
+        if slots is not None:
+            self._drop_slots(slots.drop)
+            plan = self.slots.plan(slots)
+        q = len(tree) + 1
+        real = q + (len(slots) if slots is not None else 0)
+        rows = max(real, self.step_rows or 0)  # padding rows repeat the pending token and see only the prefix
         start = self.length
+        if self._layers and start + self.slots.size + rows > self._layers[0].capacity:
+            raise ValueError(f"{rows} rows after {start} committed slots and {self.slots.size} slot nodes "
+                             f"overflow the {self._layers[0].capacity}-slot cache")
         tokens = np.full(rows, pending, dtype=np.int64)
         tokens[1:q] = tree.tokens
         positions = np.full(rows, start, dtype=np.int64)
         positions[1:q] = start + tree.depths
+        if plan is not None:
+            tokens[q:real] = slots.tokens
+            positions[q:real] = plan.positions
         ids = torch.from_numpy(tokens).to(self.device).view(1, rows)
         pos = torch.from_numpy(positions).to(self.device).view(1, rows)
-        mask = self._tree_mask(tree, start, rows)
+        mask = self._verify_mask(tree, start, rows, plan)
         mask.oospec_real_rows = q  # padded attention computes only these (oospec.engine.padded)
-        out = self.model(
-            input_ids=ids,
-            position_ids=pos,
-            attention_mask=mask,
-            use_cache=True,
-            output_hidden_states=hidden_states,
-            **cache_arg(self._cache),
-        )
-        if rows > q:
-            out.logits = out.logits[:, :q]
+        with lora_rows(self.model, q, real):
+            out = self.model(
+                input_ids=ids,
+                position_ids=pos,
+                attention_mask=mask,
+                use_cache=True,
+                output_hidden_states=hidden_states,
+                **cache_arg(self._cache),
+            )
+        self._fed = (q, slots, plan) if plan is not None else None
+        if rows > real:
+            out.logits = out.logits[:, :real]
             if hidden_states:
-                out.hidden_states = tuple(h[:, :q] for h in out.hidden_states)
+                out.hidden_states = tuple(h[:, :real] for h in out.hidden_states)
         return out
 
     @torch.inference_mode()
     def commit(self, accepted: np.ndarray) -> None:
-        """Keep the pending token and the accepted tree nodes of the last `verify` in the cache."""
+        """Keep the pending token and the accepted tree nodes of the last `verify` in the cache, and the slot
+        store (the last forward's slot rows joining it) after them."""
         count = accepted.size + 1
-        if np.array_equal(accepted, np.arange(accepted.size)):
-            self._keep(None, count)  # a prefix of the step's input: already in place
+        store, fed = self.slots.size, self._fed
+        self._fed = None
+        if not store and fed is None:
+            if np.array_equal(accepted, np.arange(accepted.size)):
+                self._keep(None, count)  # a prefix of the step's input: already in place
+                return
+            rows = np.empty(count, dtype=np.int64)
+            rows[0] = 0
+            rows[1:] = accepted + 1
+            self._keep(torch.from_numpy(rows).to(self.device), count)
             return
-        rows = np.empty(count, dtype=np.int64)
-        rows[0] = 0
-        rows[1:] = accepted + 1
-        self._keep(torch.from_numpy(rows).to(self.device), count)
+        # After the committed slots: the store, then the forward's rows (tree rows first, then slot rows).
+        q, feed, plan = fed if fed is not None else (0, None, None)
+        fresh = np.arange(len(feed)) + store + q if feed is not None else np.empty(0, dtype=np.int64)
+        rows = np.concatenate([[store], accepted + 1 + store, np.arange(store), fresh]).astype(np.int64)
+        self._keep(torch.from_numpy(rows).to(self.device), count, store + fresh.size)
+        if feed is not None:
+            self.slots.append(feed, plan)
 
     @property
     def slot_bytes(self) -> int:
@@ -252,18 +312,39 @@ class TargetBackend:
         for layer, (keys, values) in zip(self._layers, kv):
             layer.load(keys, values, n)
 
-    def _keep(self, rows: torch.Tensor | None, count: int) -> None:
+    def _keep(self, rows: torch.Tensor | None, count: int, reserved: int = 0) -> None:
         for layer in self._layers:
-            layer.keep(rows, count)
+            layer.keep(rows, count, reserved)
+
+    def _drop_slots(self, node_ids) -> None:
+        """Forget slot nodes (and their descendants), closing the gaps they leave in the store."""
+        kept = self.slots.drop(node_ids)
+        if kept is not None:
+            self._keep(torch.from_numpy(kept).to(self.device), 0, kept.size)
 
     def _tree_mask(self, tree: TokenTree, start: int, rows: int) -> torch.Tensor:
-        """(1, 1, rows, start+rows) additive mask: the whole cached prefix, then each node's ancestors and itself;
-        rows past the tree's (padding) see the prefix only."""
+        """The mask of a forward without slot rows (`_verify_mask`)."""
+        return self._verify_mask(tree, start, rows, None)
+
+    def _verify_mask(self, tree: TokenTree, start: int, rows: int, plan: SlotPlan | None) -> torch.Tensor:
+        """(1, 1, rows, start+m+rows) additive mask, m the slot store's nodes: the pending token and each node see
+        the whole committed prefix, then their ancestors and themselves; slot rows see the prompt, their ancestors
+        in the store and the feed, and themselves; rows past those (padding) see the committed prefix only."""
         q = len(tree) + 1
-        mask = torch.zeros((1, 1, rows, start + rows), dtype=self.dtype)
-        if rows > q:
-            mask[0, 0, q:, start:] = self._neg
-            mask[0, 0, :q, start + q:] = self._neg
+        m = self.slots.size
+        here = start + m  # the forward's first row
+        mask = torch.zeros((1, 1, rows, here + rows), dtype=self.dtype)
+        mask[0, 0, :, start:] = self._neg
         if q > 1:
-            mask[0, 0, :q, start : start + q].masked_fill_(torch.from_numpy(~tree.ancestor_mask()), self._neg)
+            mask[0, 0, :q, here : here + q].masked_fill_(torch.from_numpy(tree.ancestor_mask()), 0.0)
+        else:
+            mask[0, 0, 0, here] = 0.0
+        if plan is not None:
+            s = plan.visible.shape[0]
+            slot = mask[0, 0, q : q + s]
+            slot[:, self.slots.anchor : start] = self._neg
+            seen = np.zeros((s, m + rows), dtype=bool)
+            seen[:, :m] = plan.visible[:, :m]
+            seen[:, m + q : m + q + s] = plan.visible[:, m:]
+            slot[:, start:].masked_fill_(torch.from_numpy(seen), 0.0)
         return mask.to(self.device)

@@ -68,40 +68,6 @@ class TokenTree:
         new_parents = np.where(old_parents == ROOT, ROOT, remap[np.maximum(old_parents, 0)])
         return TokenTree(self.tokens[keep], new_parents)
 
-    def extended(self, branches: Sequence[np.ndarray], max_nodes: int, max_depth: int) -> TokenTree:
-        """This tree plus `branches` (token chains below the pending token, in priority order) where they add
-        nodes, sharing the nodes already there; at most `max_nodes` nodes in all, none deeper than `max_depth`."""
-        if not branches or len(self) >= max_nodes:
-            return self
-        tokens, parents = self.tokens.tolist(), self.parents.tolist()
-        index = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens))}
-        for branch in branches:
-            parent = ROOT
-            for tok in branch[:max_depth].tolist():
-                node = index.get((parent, tok))
-                if node is None:
-                    if len(tokens) >= max_nodes:
-                        break
-                    node = index[(parent, tok)] = len(tokens)
-                    tokens.append(tok)
-                    parents.append(parent)
-                parent = node
-        if len(tokens) == len(self):
-            return self
-        return TokenTree(np.asarray(tokens, dtype=np.int64), np.asarray(parents, dtype=np.int32))
-
-    def find(self, chain: Sequence[int]) -> np.ndarray:
-        """The nodes of the tree's path spelling `chain` from the top, as far as the tree has it."""
-        nodes: list[int] = []
-        parent = ROOT
-        for tok in chain:
-            hits = np.flatnonzero((self.parents == parent) & (self.tokens == tok))
-            if not hits.size:
-                break
-            parent = int(hits[0])
-            nodes.append(parent)
-        return np.asarray(nodes, dtype=np.int64)
-
     def ancestor_mask(self) -> np.ndarray:
         """(n+1, n+1) bool: row i may attend column j. Row/column 0 is the pending token, node k is k+1."""
         n = len(self)

@@ -35,7 +35,7 @@ from oospec.engine.prefix_cache import common_prefix_length
 from oospec.models.int8 import Int8Linear, quantize_int8
 from oospec.sidecar.protocol import MAX_CALLS, Guess, Job, encode_payload
 from oospec.sidecar.rowrunner import RowRunner
-from oospec.sidecar.slot_values import closed_options, parse_value, typed
+from oospec.sidecar.slot_values import FirstTokens, closed_options, read_slot
 from oospec.tools.chat_text import ClientText
 from oospec.tools.dialects import CALL_OPENERS
 from oospec.tools.jsonscan import value_end
@@ -43,7 +43,6 @@ from oospec.tools.render import VALUE_OPENERS
 from oospec.tools.schema import Param, Tool, tools_from_openai
 from oospec.tools.tokens import TokenBytes
 
-NUMBER_STARTS = {"integer": b"-0123456789", "number": b"-.0123456789"}  # bytes a JSON number can begin with
 NEXT_CALL = '{"name": "'  # what opens every call object in the task format, after its opener
 
 
@@ -147,7 +146,7 @@ class SidecarPredictor:
         # conversation says; the prior measures that lean, so it can be taken out. Implies "total".
         self.prior_weight = prior_weight
         self._priors: dict[str, np.ndarray] = {}  # per tool list and system turn: agents reuse them
-        self._first_tokens: dict[tuple[bytes, str], np.ndarray] = {}  # (text left out, slot type) -> token ids
+        self.first_tokens = FirstTokens(self.token_bytes)  # the tokens a healed row may start with
         eos = getattr(tokenizer, "eos_token_id", None)
         self.stop_ids = set(getattr(tokenizer, "all_special_ids", []) or []) | ({eos} if eos is not None else set())
 
@@ -330,26 +329,10 @@ class SidecarPredictor:
         if self.rank_by == "total" or prior is not None:
             best = int(np.argmax(scores))
         else:
-            best = self._greedy_path(rows, shared, logprobs)
+            best = greedy_path(rows, shared, logprobs)
         floor = max(scores[best], scores.max()) - self.alternative_margin
         others = [int(i) for i in np.argsort(-scores) if i != best and scores[i] >= floor]
         return [(best, float(scores[best]))] + [(i, float(scores[i])) for i in others[: self.max_alternatives]]
-
-    @staticmethod
-    def _greedy_path(rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> int:
-        """The name greedy decoding would write: at each token where the names part, the likeliest."""
-        alive = list(range(len(rows)))
-        depth = 0
-        while len(alive) > 1:
-            # Rows still tied diverge here: follow the likeliest next token, as greedy decoding would.
-            at = [(rows[i][shared + depth] if shared + depth < len(rows[i]) else -1) for i in alive]
-            if len(set(at)) == 1:
-                depth += 1
-                continue
-            best_lp = max(logprobs[i][depth] for i, t in zip(alive, at) if t >= 0)
-            alive = [i for i, t in zip(alive, at) if t >= 0 and logprobs[i][depth] == best_lp]
-            depth += 1
-        return alive[0]
 
     def fill_slots(self, job: Job, prompt: str, chosen: list[tuple[Tool, float]]) -> list[Guess]:
         slots = [(tool, p) for tool, _ in chosen for p in tool.parameters][: self.max_slot_rows]
@@ -395,33 +378,10 @@ class SidecarPredictor:
                         first=[self.first_tokens(b, p) for b, (_, p) in zip(healed, slots)])
         values = {}
         for (tool, p), text in zip(slots, texts):
-            if text is None:
-                continue
-            try:
-                value = typed(parse_value(text), p)
-            except ValueError:
-                continue
-            if value is None and p.name not in tool.required:
-                continue  # the sidecar says this optional slot is left out
-            values[(tool.name, p.name)] = value
+            ok, value = read_slot(text, p, p.name in tool.required)
+            if ok:
+                values[(tool.name, p.name)] = value
         return values
-
-    def first_tokens(self, left_out: bytes, p: Param) -> np.ndarray | None:
-        """The tokens a healed row of slot `p` may start with: those that begin with the text left out and
-        go on the way a value of the slot's type can (a number slot's is no quote: without the opener in the
-        row, the model would otherwise be free to write the slot as a string, which the payload drops)."""
-        if not left_out:
-            return None
-        key = (left_out, p.type)
-        found = self._first_tokens.get(key)
-        if found is None:
-            found = self.token_bytes.starting_with(left_out)
-            starts = NUMBER_STARTS.get(p.type)
-            if starts is not None:  # the rest of the token: nothing, or a number's first byte
-                rest = [self.token_bytes(t)[len(left_out):len(left_out) + 1] for t in found.tolist()]
-                found = found[np.array([r in starts for r in rest], dtype=bool)]
-            self._first_tokens[key] = found
-        return found
 
     def choose_closed(self, job: Job, prompt: str, slots: list[tuple[Tool, Param]]) -> dict:
         """Booleans and enums: every option scored as a row, in one batch; the likeliest wins."""
@@ -459,6 +419,23 @@ class SidecarPredictor:
             return NameScores(prompt, call_probability, rows, 0, [], None)
         shared, logprobs = self.score_rows(rows, share_with=probe)
         return NameScores(prompt, call_probability, rows, shared, logprobs, prior)
+
+
+def greedy_path(rows: list[list[int]], shared: int, logprobs: list[np.ndarray]) -> int:
+    """The name greedy decoding would write: at each token where the names part, the likeliest. rows: token ids,
+    their first `shared` alike; logprobs[i][d]: the log-probability of rows[i][shared + d]."""
+    alive = list(range(len(rows)))
+    depth = 0
+    while len(alive) > 1:
+        # Rows still tied diverge here: follow the likeliest next token, as greedy decoding would.
+        at = [(rows[i][shared + depth] if shared + depth < len(rows[i]) else -1) for i in alive]
+        if len(set(at)) == 1:
+            depth += 1
+            continue
+        best_lp = max(logprobs[i][depth] for i, t in zip(alive, at) if t >= 0)
+        alive = [i for i, t in zip(alive, at) if t >= 0 and logprobs[i][depth] == best_lp]
+        depth += 1
+    return alive[0]
 
 
 def _adapter_settings(adapter: str | None, kwargs: dict) -> dict:

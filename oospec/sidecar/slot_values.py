@@ -1,4 +1,5 @@
-"""Slot values as the sidecar reads them: which values a slot can take, and a decoded value as the schema types it."""
+"""Slot values as the sidecar reads them: which values a slot can take, how a value's first token is healed, and a
+decoded value as the schema types it."""
 
 from __future__ import annotations
 
@@ -6,7 +7,12 @@ import ast
 import json
 from typing import Any
 
+import numpy as np
+
 from oospec.tools.schema import Param
+from oospec.tools.tokens import TokenBytes
+
+NUMBER_STARTS = {"integer": b"-0123456789", "number": b"-.0123456789"}  # bytes a JSON number can begin with
 
 
 def closed_options(p: Param) -> list:
@@ -52,3 +58,41 @@ def typed(value: Any, p: Param) -> Any:
     if ok is not None and (not isinstance(value, ok) or isinstance(value, bool)):
         raise ValueError(f"{p.name}: {value!r} is not {p.type}")
     return value
+
+
+def read_slot(text: str | None, p: Param, required: bool) -> tuple[bool, Any]:
+    """(True, value) for a decoded slot the payload can carry; (False, None) for none: nothing decoded, not a value
+    of the slot's type, or null for an optional slot (the model says it is left out)."""
+    if text is None:
+        return False, None
+    try:
+        value = typed(parse_value(text), p)
+    except ValueError:
+        return False, None
+    return (value is not None or required), value
+
+
+class FirstTokens:
+    """Token healing's first step: a value's first characters merge with the opener before them (` "(`, ` ["`,
+    ` -` are single tokens), so a slot row stops one token short and its first value token is one of these."""
+
+    def __init__(self, token_bytes: TokenBytes):
+        self.token_bytes = token_bytes
+        self._found: dict[tuple[bytes, str], np.ndarray] = {}  # (text left out, slot type) -> token ids
+
+    def __call__(self, left_out: bytes, p: Param) -> np.ndarray | None:
+        """The tokens a healed row of slot `p` may start with: those that begin with the text left out and go on
+        the way a value of the slot's type can (a number slot's is no quote: without the opener in the row, the
+        model would otherwise be free to write the slot as a string, which the payload drops). None: any."""
+        if not left_out:
+            return None
+        key = (left_out, p.type)
+        found = self._found.get(key)
+        if found is None:
+            found = self.token_bytes.starting_with(left_out)
+            starts = NUMBER_STARTS.get(p.type)
+            if starts is not None:  # the rest of the token: nothing, or a number's first byte
+                rest = [self.token_bytes(t)[len(left_out):len(left_out) + 1] for t in found.tolist()]
+                found = found[np.array([r in starts for r in rest], dtype=bool)]
+            self._found[key] = found
+        return found

@@ -78,6 +78,16 @@ template <class T> struct RepackedSource {
   int64_t scratch_elems(int64_t steps) const { return steps * PStep<T>::panel_step; }  // per panel
   // k-tile t (k 32t .. 32t + 31) of panel p as bfloat16 pairs: one AMX B tile
   void tile(int64_t p, int64_t t, T* out) const { repack::fill<true>(type, packed + p * panel_bytes, 32 * t, 32 * t + 32, out); }
+#if defined(__AVX512BF16__)
+  // the same k-tile as the A operand's rows (linear.h, weights_as_a), for the types that make it by lookup
+  bool rows_tiles() const { return repack::rows_by_lookup(type); }
+  void rows_tile(int64_t p, int64_t t, T* out) const {
+    repack::fill_rows(type, packed + p * panel_bytes, 32 * t, reinterpret_cast<uint16_t*>(out));
+  }
+#else
+  bool rows_tiles() const { return false; }
+  void rows_tile(int64_t, int64_t, T*) const {}
+#endif
   const T* panels(int64_t p0, int nj, int64_t s0, int64_t s1, T* scratch, int64_t& stride, int64_t& first) const {
     constexpr int width = PStep<T>::width;
     stride = (s1 - s0) * PStep<T>::panel_step;

@@ -9,7 +9,7 @@
 // by a group of G elements of one row, and a small integer q, with the same operations in the same order:
 //   Q4_K, Q5_K: a * q - b,          a = d * sc, b = dmin * m   (gguf-py: (d * sc) * q - (dmin * m))
 //   Q4_1:       a * q - b,          a = d, b = -m              (gguf-py: (d * q) + m; x - (-m) is x + m in IEEE)
-//   Q6_K:       a * (q - 32),       a = d * sc                 (gguf-py: (d * sc) * (q - 32))
+//   Q6_K:       a * (q - 32),       a = d * sc                 (gguf-py: (d * sc) * (q - 32); held as q - 32, exact)
 //   Q4_0, Q5_0: a * (q - 8 or 16),  a = d                      (gguf-py: d * (q - 8), d * (q - 16))
 //   Q8_0:       a * q, q signed,    a = d                      (gguf-py: q * d)
 // a = d * sc and b = dmin * m are exact (an 11-bit float16 times a sub-scale of at most 8 bits); they are made per
@@ -23,12 +23,16 @@
 // group's k-pairs. Within a pair (k = 2i, 2i + 1) the 32 quants are ordered as a bfloat16 panel holds them, rows
 // 0-7 then 8-15, each row's k then k + 1: unit u = 2 (row % 8) + (k % 2) of half h = row / 8, so that one vector
 // of 16 units, widened, is the pair's weights for 8 rows, and two of them are a panel's k-pair as it is stored:
-//   4-bit: G/2 x 16 bytes, byte u of pair i = the quant of unit u, half 0 | of unit u, half 1 << 4
+//   4-bit: 8 x G bytes, byte k of row rr = the quant of row rr at k | of row rr + 8 at k << 4 (rr = 0..7): the
+//          rows in k order, as the lookup below reads them (its 4-bit types are most of a Q4_K_M model's weights);
+//          a pair's 16 units are 16-bit words i of rows rr = 0..7 (`units16` moves them for the panels)
 //   5-bit: then G/8 x 16 bytes, bit 4h + i % 4 of byte u of octet i / 4 = bit 4 of unit u, half h of pair i
-//   6-bit: then G/4 x 16 bytes, bits 4h + 2 (i % 2) .. + 1 of byte u of quad i / 2 = bits 4, 5 of that quant
 //   8-bit: G x 16 signed bytes, pair i: half 0's 16 units, then half 1's
-// The bytes are the file's, moved: a regrouped weight is the GGUF's size (Q4_K: 4.625 bits a weight, 4.5 in the
-// file).
+// The bytes are the file's, moved (a regrouped weight is the GGUF's size; Q4_K: 4.625 bits a weight, 4.5 in the
+// file), but for Q6_K: its 6-bit quants are held as signed bytes, q - 32 (8.5 bits a weight, 6.56 in the file).
+// Why: putting 6 bits back together took 8 of the ~16 vector instructions that made each pair of Q6_K weights, and
+// a decode step is bound by those instructions, not by the bytes it reads (Q6_K is a quarter of a Q4_K_M model's
+// weights: its ffn_down of every other layer and the output head).
 
 #pragma once
 
@@ -44,14 +48,14 @@ namespace oospec::repack {
 struct Format {
   int group = 0;       // G: elements of one row that share a and b (0: a type not regrouped)
   int super = 0;       // S: elements of one row per header (the type's block)
-  int bits = 0;        // 4, 5, 6 or 8 (8: signed)
+  int bits = 0;        // bits a quant is held in: 4, 5 or 8 (8: signed)
   int b_mode = 0;      // 0: a * q - b; 1: a * (q - offset); 2: a * q, q signed
-  int offset = 0;      // for b_mode 1
+  int offset = 0;      // b_mode 1: subtracted when a weight is made; 8 bits: subtracted once, when held
   int header = 0;      // float16 scales per row in a header: 1 (d) or 2 (d and dmin, or d and -m)
   int subscales = 0;   // bytes per row in a group: 0 (a = d, b = the header's second), 1 (a = d * sc, sc signed),
                        // 2 (a = d * sc, b = dmin * m)
   constexpr int64_t group_bytes() const {
-    const int64_t planes = bits == 8 ? group * 16 : group * 8 + (bits == 5 ? group * 2 : bits == 6 ? group * 4 : 0);
+    const int64_t planes = bits == 8 ? group * 16 : group * 8 + (bits == 5 ? group * 2 : 0);
     return 16 * subscales + planes;
   }
   constexpr int64_t super_bytes() const { return 32 * header + super / group * group_bytes(); }
@@ -61,7 +65,7 @@ constexpr Format format(int type) {
   switch (type) {
     case quants::Q4_K: return {32, 256, 4, 0, 0, 2, 2};
     case quants::Q5_K: return {32, 256, 5, 0, 0, 2, 2};
-    case quants::Q6_K: return {16, 256, 6, 1, 32, 1, 1};
+    case quants::Q6_K: return {16, 256, 8, 2, 32, 1, 1};
     case quants::Q4_0: return {32, 32, 4, 1, 8, 1, 0};
     case quants::Q5_0: return {32, 32, 5, 1, 16, 1, 0};
     case quants::Q4_1: return {32, 32, 4, 0, 0, 2, 0};
@@ -165,12 +169,11 @@ inline bool pack_panel(int type, const uint8_t* raw, int64_t row_stride, int64_t
         for (int k = 0; k < G; ++k) {
           const int i = k / 2, u = 2 * (lane % 8) + k % 2, h = lane / 8;
           if (f.bits == 8) {
-            plane[32 * i + 16 * h + u] = static_cast<uint8_t>(static_cast<int8_t>(q[k]));
+            plane[32 * i + 16 * h + u] = static_cast<uint8_t>(static_cast<int8_t>(q[k] - f.offset));
             continue;
           }
-          plane[16 * i + u] |= static_cast<uint8_t>((q[k] & 15) << (4 * h));
+          plane[G * (lane % 8) + k] |= static_cast<uint8_t>((q[k] & 15) << (4 * h));
           if (f.bits == 5) high[16 * (i / 4) + u] |= static_cast<uint8_t>(((q[k] >> 4) & 1) << (4 * h + i % 4));
-          if (f.bits == 6) high[16 * (i / 2) + u] |= static_cast<uint8_t>(((q[k] >> 4) & 3) << (4 * h + 2 * (i % 2)));
         }
       }
     }
@@ -186,7 +189,7 @@ inline bool pack_panel(int type, const uint8_t* raw, int64_t row_stride, int64_t
 struct Group {
   float a[16], b[16];
   const uint8_t* plane;  // the 4- or 8-bit quants
-  const uint8_t* high;   // the 5th / 5th-6th bits
+  const uint8_t* high;   // the 5th bits
 };
 
 // Group `gi` of the super-block at `sb`.
@@ -228,19 +231,14 @@ inline void pair(const Group& g, int i, int offset, float* __restrict w0, float*
       q0[r] = s[u];
       q1[r] = s[u + 1];
     } else {
-      const uint8_t* p = g.plane + 16 * i;
-      q0[r] = (p[u] >> (4 * h)) & 15;
-      q1[r] = (p[u + 1] >> (4 * h)) & 15;
+      const uint8_t* p = g.plane + 32 * (r % 8) + 2 * i;  // G = 32 for every 4- and 5-bit type
+      q0[r] = (p[0] >> (4 * h)) & 15;
+      q1[r] = (p[1] >> (4 * h)) & 15;
     }
     if constexpr (Bits == 5) {
       const uint8_t* hb = g.high + 16 * (i / 4);
       q0[r] |= ((hb[u] >> (4 * h + i % 4)) & 1) << 4;
       q1[r] |= ((hb[u + 1] >> (4 * h + i % 4)) & 1) << 4;
-    }
-    if constexpr (Bits == 6) {
-      const uint8_t* hb = g.high + 16 * (i / 2);
-      q0[r] |= ((hb[u] >> (4 * h + 2 * (i % 2))) & 3) << 4;
-      q1[r] |= ((hb[u + 1] >> (4 * h + 2 * (i % 2))) & 3) << 4;
     }
   }
   weights<BMode>(g, q0, offset, w0);
@@ -282,6 +280,34 @@ inline void fill_panel(const uint8_t* panel, int64_t k0, int64_t k1, void* out) 
 // float32 subnormal, and none is (each is 0 or at least the smallest float16 subnormal scale, 2^-24, in size);
 // without the instruction the rounding is torch's integer form.
 // The quants of pair i as two vectors of 16 units (the layout above): half 0 (rows 0-7) and half 1 (rows 8-15).
+// The 4-bit plane's rows (8 x 32 bytes, as 16-bit words [rr][i]) as the pairs' units (words [i][rr]: pair i's 16
+// bytes at 16 i), two rounds of VPERMT2W: rows 0-3 and 4-7 of pairs 0-7 and 8-15, then pairs four at a time.
+struct UnitsOrder {
+  __m512i first[2], second[2];
+  UnitsOrder() {
+    alignas(64) uint16_t a[2][32], b[2][32];
+    for (int half = 0; half < 2; ++half)  // first: rows 0-3 (z0 = rows 0-1, z1 = rows 2-3) of pairs 8 half ..
+      for (int i = 0; i < 8; ++i)
+        for (int r = 0; r < 4; ++r) a[half][i * 4 + r] = static_cast<uint16_t>((r / 2) * 32 + (r % 2) * 16 + 8 * half + i);
+    for (int p = 0; p < 2; ++p)  // second: pairs 4p .. 4p + 3 of (rows 0-3, rows 4-7)
+      for (int i = 0; i < 4; ++i)
+        for (int r = 0; r < 8; ++r) b[p][i * 8 + r] = static_cast<uint16_t>((r / 4) * 32 + (4 * p + i) * 4 + r % 4);
+    for (int j = 0; j < 2; ++j) { first[j] = _mm512_load_si512(a[j]); second[j] = _mm512_load_si512(b[j]); }
+  }
+};
+
+inline void units16(const uint8_t* plane, uint8_t* units) {
+  static const UnitsOrder order;
+  const __m512i z0 = _mm512_loadu_si512(plane), z1 = _mm512_loadu_si512(plane + 64);
+  const __m512i z2 = _mm512_loadu_si512(plane + 128), z3 = _mm512_loadu_si512(plane + 192);
+  for (int half = 0; half < 2; ++half) {  // pairs 8 half .. 8 half + 7
+    const __m512i low = _mm512_permutex2var_epi16(z0, order.first[half], z1);   // rows 0-3
+    const __m512i high = _mm512_permutex2var_epi16(z2, order.first[half], z3);  // rows 4-7
+    for (int p = 0; p < 2; ++p)
+      _mm512_store_si512(units + 128 * half + 64 * p, _mm512_permutex2var_epi16(low, order.second[p], high));
+  }
+}
+
 template <int Bits>
 inline void quants16(const Group& g, int i, __m512i& h0, __m512i& h1) {
   if constexpr (Bits == 8) {
@@ -293,12 +319,10 @@ inline void quants16(const Group& g, int i, __m512i& h0, __m512i& h1) {
   const __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.plane + 16 * i)));
   h0 = _mm512_and_si512(v, _mm512_set1_epi32(15));
   h1 = _mm512_srli_epi32(v, 4);
-  if constexpr (Bits == 5 || Bits == 6) {
-    constexpr int per = Bits == 5 ? 4 : 2;  // pairs per byte of high bits
-    const __m512i hb = _mm512_cvtepu8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.high + (i / per) * 16)));
-    const int s = (Bits == 5 ? 1 : 2) * (i % per);  // half 0's bits start here, half 1's four higher
-    const __m512i mask = _mm512_set1_epi32(Bits == 5 ? 0x10 : 0x30);
+  if constexpr (Bits == 5) {
+    const __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.high + (i / 4) * 16)));
+    const int s = i % 4;  // half 0's bit is bit s, half 1's four higher
+    const __m512i mask = _mm512_set1_epi32(0x10);
     const __m512i a0 = s <= 4 ? _mm512_slli_epi32(hb, 4 - s) : _mm512_srli_epi32(hb, s - 4);  // to bit 4
     const __m512i a1 = _mm512_srli_epi32(hb, s);
     h0 = _mm512_ternarylogic_epi32(h0, a0, mask, 0xF8);  // h0 | (a0 & mask)
@@ -338,6 +362,11 @@ inline void fill_panel_avx512(const uint8_t* panel, int64_t k0, int64_t k1, void
     Group g;
     g.plane = grp + 16 * f.subscales;
     g.high = g.plane + G * 8;
+    alignas(64) uint8_t units[256];
+    if constexpr (f.bits == 4 || f.bits == 5) {
+      units16(g.plane, units);
+      g.plane = units;
+    }
     __m512 a = d, b = hd;
     if constexpr (f.subscales == 1) {
       a = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
@@ -384,6 +413,65 @@ inline void fill_panel_avx512(const uint8_t* panel, int64_t k0, int64_t k1, void
     }
   }
 }
+
+#if defined(__AVX512BF16__)
+// ---- a k-tile of a 4-bit weight as rows, by table lookup ---------------------------------------------------
+// The AMX path of a small forward (linear.h, weights_as_a) holds the weight as TDPBF16PS's A operand: 16 rows x
+// 32 k, each row its k in order, the layout a row of W has. Within a group a 4-bit weight takes one of 16 values
+// per row, so each row's 16 values are made once (the same expression, a * q - b or a * (q - offset), on q =
+// 0..15, rounded to bfloat16 by the same instruction) and its 32 weights are looked up by their quants
+// (VPERMW): about half the instructions of making each weight. The bits are fill()'s.
+constexpr bool rows_by_lookup(int type) {
+  return type == quants::Q4_K || type == quants::Q4_1 || type == quants::Q4_0;
+}
+
+template <int Type>
+inline void fill_rows_lookup(const uint8_t* panel, int64_t k0, uint16_t* out) {
+  constexpr Format f = format(Type);
+  static_assert(f.bits == 4 && f.group == 32, "one group is one k-tile of 4-bit quants");
+  const uint8_t* sb = panel + k0 / f.super * f.super_bytes();
+  const uint8_t* grp = sb + 32 * f.header + k0 % f.super / f.group * f.group_bytes();
+  for (int64_t line = 0; line < f.group_bytes(); line += 64) __builtin_prefetch(grp + PREFETCH_BYTES + line, 0, 2);
+  alignas(64) float a[16], b[16];
+  const __m512 d = halves16(sb);
+  __m512 av = d, bv = f.header == 2 ? halves16(sb + 32) : _mm512_setzero_ps();
+  if constexpr (f.subscales == 2) {
+    av = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)))));
+    bv = _mm512_mul_ps(bv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)))));
+  }
+  _mm512_store_ps(a, av);
+  _mm512_store_ps(b, bv);
+  const uint8_t* plane = grp + 16 * f.subscales;
+  const __m512 iota = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  const __m512 q = f.b_mode == 1 ? _mm512_sub_ps(iota, _mm512_set1_ps(static_cast<float>(f.offset))) : iota;
+  const __m512i low = _mm512_set1_epi16(15), upper = _mm512_set1_epi16(16);
+  for (int rr = 0; rr < 8; ++rr) {
+    // row rr + 8's values in words 0..15, row rr's in 16..31; gguf-py's expression, fill()'s instructions
+    __m512 row, row8;
+    if constexpr (f.b_mode == 0) {
+      row = _mm512_fmsub_ps(_mm512_set1_ps(a[rr]), q, _mm512_set1_ps(b[rr]));
+      row8 = _mm512_fmsub_ps(_mm512_set1_ps(a[rr + 8]), q, _mm512_set1_ps(b[rr + 8]));
+    } else {
+      row = _mm512_mul_ps(_mm512_set1_ps(a[rr]), q);
+      row8 = _mm512_mul_ps(_mm512_set1_ps(a[rr + 8]), q);
+    }
+    const __m512i table = (__m512i)_mm512_cvtne2ps_pbh(row, row8);
+    const __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(plane + 32 * rr)));
+    const __m512i of_row = _mm512_ternarylogic_epi32(v, low, upper, 0xEA);  // (v & 15) | 16
+    _mm512_storeu_si512(out + 32 * rr, _mm512_permutexvar_epi16(of_row, table));
+    _mm512_storeu_si512(out + 32 * (rr + 8), _mm512_permutexvar_epi16(_mm512_srli_epi16(v, 4), table));
+  }
+}
+
+// k-tile k0 .. k0 + 31 of a regrouped panel as rows [16][32] bfloat16 (rows_by_lookup types only).
+inline void fill_rows(int type, const uint8_t* panel, int64_t k0, uint16_t* out) {
+  switch (type) {
+    case quants::Q4_K: return fill_rows_lookup<quants::Q4_K>(panel, k0, out);
+    case quants::Q4_1: return fill_rows_lookup<quants::Q4_1>(panel, k0, out);
+    case quants::Q4_0: return fill_rows_lookup<quants::Q4_0>(panel, k0, out);
+  }
+}
+#endif
 #endif
 
 // The dispatch over types, each compiled with its format as constants.

@@ -1,0 +1,319 @@
+"""The sidecar's job done by slot rows: rows inside the target's own verification forwards (oospec.engine.slot_rows)
+instead of a second model in a process of its own. The prompt is read once, by the target; the rows read its
+cache through the slot LoRA where the target has one (trained on these very rows: TaskFormat's).
+
+The rows are the predictor's (oospec.sidecar.predictor), as a forest below the prompt whose shared starts are
+fed once:
+1. the function (a job that does not name one, offering several): every tool's name row (`function_row`), fed
+   over as many forwards as the rows allowed per forward need; each name scored by the log-probabilities of its
+   tokens after the start all rows share, the choice greedy decoding's path through them (`greedy_path`);
+2. the slots: one chain per argument of the chosen function, primed with `slot_prefix` less its last token (the
+   sidecar's token healing: the first value token is the likeliest that begins with the text left out), then
+   one greedy token per forward, every slot at once, until its JSON value ends or `max_value_tokens`; an
+   enum's or a boolean's slot is chosen as the predictor chooses it (each option written out as a row, the
+   likeliest whole row).
+The answer is a payload as the process sidecar writes it, checked the same way (`parse_payload`), polled by the
+SidecarDrafter that submitted the job (`submit` / `poll` / `cancel`, a sidecar client's interface), so hints
+are built by the one machinery.
+
+Left to the process sidecar: the belief that a call comes at all, the runners-up's slots, the calls after the
+first.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from oospec.engine.drafting import Drafter, Request
+from oospec.engine.prefix_cache import common_prefix_length
+from oospec.engine.slot_rows import PROMPT, SlotFeed
+from oospec.sidecar.predictor import TaskFormat, greedy_path
+from oospec.sidecar.protocol import Guess, Job, Payload, PayloadError, encode_payload, parse_payload
+from oospec.sidecar.slot_values import FirstTokens, closed_options, read_slot
+from oospec.tools.jsonscan import value_end
+from oospec.tools.render import VALUE_OPENERS
+from oospec.tools.schema import Param, Tool
+from oospec.tools.tokens import TokenBytes
+
+Path = tuple[int, ...]  # a node of the forest: its tokens below the prompt, its own last
+
+
+@dataclass
+class _Scored:
+    """Rows scored by the log-probabilities of their tokens after the start they all share."""
+
+    rows: list[Path]
+    shared: int
+
+    def logprobs(self, logp: dict[Path, float]) -> list[np.ndarray] | None:
+        """Per row, (len(row) - shared,) log-probabilities; None until every one is known."""
+        keys = [[row[: k + 1] for k in range(self.shared, len(row))] for row in self.rows]
+        if not all(key in logp for row in keys for key in row):
+            return None
+        return [np.array([logp[key] for key in row]) for row in keys]
+
+
+@dataclass
+class _Slot:
+    """One argument's value: grown a token per forward below its primer, or one of its few options, scored."""
+
+    param: Param
+    required: bool
+    primer: Path = ()  # the slot's prefix less its last token
+    healed: bytes = b""  # the bytes of the token left out, which the value's first token begins with
+    allowed: np.ndarray | None = None  # the tokens the value may start with (None: any)
+    options: list = field(default_factory=list)  # an enum's or a boolean's values (closed_options)
+    scored: _Scored | None = None  # their rows
+    value: list[int] = field(default_factory=list)
+    text: str | None = None  # the value's JSON text, once it ended
+    done: bool = False
+
+
+@dataclass
+class _Ticket:
+    """One job, from submit to payload."""
+
+    job: Job
+    tools: list[Tool]  # those it may choose from
+    prompt: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    names: _Scored | None = None  # the name rows (None: one function to choose from)
+    chosen: Tool | None = None
+    score: float = 0.0
+    slots: list[_Slot] = field(default_factory=list)
+    payload: Payload | None = None
+    fault: str | None = None  # why no payload comes (a PayloadError's kind)
+    compute_s: float = 0.0  # host time spent on it between forwards
+
+
+class SlotRowSidecar(Drafter):
+    """A drafter part that proposes no tokens: its slot rows predict the call, its payload goes to whoever
+    submitted the job (module docstring)."""
+
+    name = "slot-rows"
+
+    def __init__(self, slot_rows: int = 32, slot_store: int = 1024, max_value_tokens: int = 64,
+                 max_slot_rows: int = 24):
+        self.slot_rows, self.slot_store = slot_rows, slot_store  # per forward; held at once (Drafter)
+        self.max_value_tokens, self.max_slot_rows = max_value_tokens, max_slot_rows
+        self.tokenizer = None
+        self.start_state()
+
+    def start_state(self) -> None:
+        self.tickets: list[_Ticket] = []  # the jobs still under way
+        self.nodes: dict[Path, int] = {}  # the forest's nodes (ids as the target numbers them)
+        self.queue: deque[Path] = deque()  # nodes to feed, parents first
+        self.want: dict[Path, set[int]] = {}  # after this node: the tokens whose log-probability a name needs
+        self.logp: dict[Path, float] = {}  # a name token's log-probability, keyed by its own node
+        self.growing: dict[Path, list[_Slot]] = {}  # the slots whose next token this node's logits choose
+        self.drops: list[int] = []  # nodes the next feed forgets
+        self.next_id = 0
+        self._fed: list[Path] = []
+
+    def start(self, request: Request) -> None:
+        if request.tokenizer is not self.tokenizer:
+            self.tokenizer = request.tokenizer
+            self.format = TaskFormat(request.tokenizer)
+            self.token_bytes = TokenBytes(request.tokenizer)
+            self.first_tokens = FirstTokens(self.token_bytes)
+            eos = getattr(request.tokenizer, "eos_token_id", None)
+            self.stop_ids = set(getattr(request.tokenizer, "all_special_ids", []) or []) | (
+                {eos} if eos is not None else set())
+        self.start_state()
+
+    # -- the sidecar client's interface ----------------------------------------------------------------------
+    def submit(self, job: Job, tools: list[Tool]) -> _Ticket:
+        t0 = time.perf_counter()
+        ticket = _Ticket(job, [t for t in tools if job.function is None or t.name == job.function])
+        if not ticket.tools:
+            ticket.fault = "unknown-function"
+            return ticket
+        ticket.prompt = self.format.prompt(job)
+        ticket.prompt_ids = self.format.encode(ticket.prompt)
+        self.tickets.append(ticket)
+        if len(ticket.tools) == 1:
+            self._choose(ticket, ticket.tools[0], 0.0)
+        else:
+            self._score_names(ticket)
+        self._advance(ticket)
+        ticket.compute_s += time.perf_counter() - t0
+        return ticket
+
+    def poll(self, ticket: _Ticket) -> Payload | None:
+        return ticket.payload
+
+    def cancel(self, ticket: _Ticket | None) -> None:
+        if ticket in self.tickets:
+            self._close(ticket)
+
+    # -- the slot rows (Drafter) -----------------------------------------------------------------------------
+    def slot_feed(self, context: np.ndarray, rows: int) -> SlotFeed | None:
+        room = min(rows, self.slot_store - len(self.nodes))
+        take = [self.queue.popleft() for _ in range(min(room, len(self.queue)))]
+        if not take and not self.drops:
+            return None
+        fed_at = {path: self.next_id + j for j, path in enumerate(take)}
+        parents = [PROMPT if len(p) == 1 else self.nodes.get(p[:-1], fed_at.get(p[:-1])) for p in take]
+        feed = SlotFeed(np.array([p[-1] for p in take], dtype=np.int64), np.array(parents, dtype=np.int64),
+                        self.next_id, self.drops)
+        self.drops, self._fed = [], take
+        return feed
+
+    def slot_logits(self, feed: SlotFeed, logits: torch.Tensor) -> None:
+        t0 = time.perf_counter()
+        for j, path in enumerate(self._fed):
+            self.nodes[path] = feed.first_id + j
+            wanted, slots = self.want.pop(path, None), self.growing.pop(path, ())
+            row = logits[j].float() if wanted or slots else None
+            if wanted:
+                logp = torch.log_softmax(row, -1)
+                for token in wanted:
+                    self.logp[path + (token,)] = float(logp[token])
+            for slot in slots:
+                self._grow(slot, path, row)
+        self.next_id += len(feed)
+        self._fed = []
+        for ticket in list(self.tickets):
+            self._advance(ticket)
+        spent = (time.perf_counter() - t0) / max(1, len(self.tickets))
+        for ticket in self.tickets:
+            ticket.compute_s += spent
+
+    # -- the job ---------------------------------------------------------------------------------------------
+    def _row(self, ticket: _Ticket, text: str) -> Path:
+        """The tokens of `text` after the prompt, encoded with it as training encodes its rows."""
+        ids = self.format.encode(ticket.prompt + text)
+        n = len(ticket.prompt_ids)
+        return tuple(ids[n:]) if ids[:n] == ticket.prompt_ids else tuple(self.format.encode(text))
+
+    def _score_names(self, ticket: _Ticket) -> None:
+        ticket.names = self._score([self._row(ticket, self.format.function_row(ticket.job, t.name))
+                                    for t in ticket.tools])
+
+    def _score(self, rows: list[Path]) -> _Scored:
+        """Feed `rows` (their last tokens need no row) and ask for their tokens' log-probabilities. A first token
+        would be predicted by the prompt's last (the target's own row, not a slot row): rows are told apart from
+        the second token they do not share on."""
+        scored = _Scored(rows, max(1, min(common_prefix_length(list(rows)), min(map(len, rows)) - 1)))
+        for row in rows:
+            for k in range(scored.shared, len(row)):
+                if row[:k] in self.nodes and row[: k + 1] not in self.logp:  # fed already, its logits gone
+                    self._forget(row[:k])
+            self._need(row[:-1])
+            for k in range(scored.shared, len(row)):
+                self.want.setdefault(row[:k], set()).add(row[k])
+        return scored
+
+    def _choose(self, ticket: _Ticket, tool: Tool, score: float) -> None:
+        ticket.chosen, ticket.score = tool, score
+        for p in tool.parameters[: self.max_slot_rows]:
+            prefix = self.format.slot_prefix(ticket.job, tool.name, p)
+            options = closed_options(p)
+            if options:  # each option written out and closed, as the predictor scores them (choose_closed)
+                key = prefix[: len(prefix) - len(VALUE_OPENERS.get(p.type, ""))]
+                rows = [self._row(ticket, key + json.dumps(o, ensure_ascii=False) + "}") for o in options]
+                ticket.slots.append(_Slot(p, p.name in tool.required, options=options, scored=self._score(rows)))
+                continue
+            full = self._row(ticket, prefix)
+            healed = self.token_bytes(full[-1])
+            slot = _Slot(p, p.name in tool.required, full[:-1], healed, self.first_tokens(healed, p))
+            ticket.slots.append(slot)
+            if slot.primer in self.nodes:  # fed already, its logits gone: feed it again
+                self._forget(slot.primer)
+            self._need(slot.primer)
+            self.growing.setdefault(slot.primer, []).append(slot)
+
+    def _grow(self, slot: _Slot, path: Path, row: torch.Tensor) -> None:
+        """The slot's next token from its last node's logits; fed next forward unless its value is complete."""
+        if not slot.value and slot.allowed is not None and slot.allowed.size:
+            token = int(slot.allowed[int(row[torch.from_numpy(slot.allowed)].argmax())])
+        else:
+            token = int(row.argmax())
+        slot.value.append(token)
+        if token in self.stop_ids:
+            slot.done = True
+        else:
+            opener = VALUE_OPENERS.get(slot.param.type, "")
+            text = opener + self.token_bytes.join(slot.value)[len(slot.healed):].decode("utf-8", errors="ignore")
+            end = value_end(text)
+            if end is not None:
+                slot.text, slot.done = text[:end], True
+            slot.done |= len(slot.value) > self.max_value_tokens
+        if slot.done:
+            if len(slot.value) > 1:  # its value's nodes: no row reads them again
+                self._forget(slot.primer + (slot.value[0],))
+            return
+        self._need(path + (token,))
+        self.growing.setdefault(path + (token,), []).append(slot)
+
+    def _advance(self, ticket: _Ticket) -> None:
+        """Choose the function once every name is scored; the payload once every slot is done."""
+        if ticket.chosen is None:
+            logprobs = ticket.names.logprobs(self.logp)
+            if logprobs is None:
+                return
+            rows, shared = ticket.names.rows, ticket.names.shared
+            best = greedy_path(rows, shared, logprobs)
+            for i, row in enumerate(rows):  # the other names' own nodes
+                if i != best:
+                    apart = common_prefix_length([row, rows[best]])
+                    if apart < len(row) - 1:
+                        self._forget(row[: apart + 1])
+            self._choose(ticket, ticket.tools[best], float(logprobs[best].sum()))
+        for slot in ticket.slots:
+            logprobs = slot.scored.logprobs(self.logp) if slot.scored is not None and not slot.done else None
+            if logprobs is not None:
+                slot.text = json.dumps(slot.options[int(np.argmax([lp.sum() for lp in logprobs]))])
+                slot.done = True
+        if not all(slot.done for slot in ticket.slots):
+            return
+        values = {}
+        for slot in ticket.slots:
+            ok, value = read_slot(slot.text, slot.param, slot.required)
+            if ok:
+                values[slot.param.name] = value
+        job = ticket.job
+        raw = encode_payload(job.request_id, [Guess(ticket.chosen.name, values, ticket.score)], ticket.compute_s,
+                             time.time())
+        try:
+            ticket.payload = parse_payload(raw, job.request_id, ticket.tools)
+        except PayloadError as exc:
+            ticket.fault = exc.kind
+        self._close(ticket)
+
+    def _close(self, ticket: _Ticket) -> None:
+        self.tickets.remove(ticket)
+        if not self.tickets:  # nothing reads the forest any more
+            for path in [p for p in self.nodes if len(p) == 1]:
+                self._forget(path)
+            self.queue.clear()
+            self.want.clear()
+            self.growing.clear()
+
+    # -- the forest ------------------------------------------------------------------------------------------
+    def _need(self, path: Path) -> None:
+        """Queue `path` to be fed, after whichever of its ancestors are not in the forest or queued yet."""
+        missing = []
+        while path and path not in self.nodes and path not in self.queue:
+            missing.append(path)
+            path = path[:-1]
+        self.queue.extend(reversed(missing))
+
+    def _forget(self, path: Path) -> None:
+        """Drop a node and its descendants (with the next feed)."""
+        node = self.nodes.get(path)
+        if node is None:
+            return
+        self.drops.append(node)
+        n = len(path)
+        for other in [p for p in self.nodes if p[:n] == path]:
+            del self.nodes[other]
+        self.queue = deque(p for p in self.queue if p[:n] != path)
+        for other in [p for p in self.growing if p[:n] == path]:
+            del self.growing[other]
