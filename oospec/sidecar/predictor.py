@@ -121,7 +121,7 @@ class SidecarPredictor:
         self.tokenizer = tokenizer
         self.format = TaskFormat(tokenizer)
         self.memory_budget = memory_budget  # bytes of working set (None: oospec.sidecar.memory's default)
-        # In-target slot rows (issue 46): the model's LoRA applies to the rows only, the prompt is read without it
+        # In-target slot rows: the model's LoRA applies to the rows only, the prompt is read without it
         # (RowRunner); an adapter trained with `--prompt-without-adapter` says so in its SIDECAR_SETTINGS.
         self.prompt_without_adapter = prompt_without_adapter
         self.runner = RowRunner(model, memory_budget, prompt_without_adapter=prompt_without_adapter)

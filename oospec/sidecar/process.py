@@ -45,7 +45,7 @@ log = logging.getLogger("oospec.sidecar")
 
 # The LoRA adapter trained by `oospec sidecar train` and shipped with the package (in ADAPTERS_DIR), per base model.
 SHIPPED_ADAPTERS = {DEFAULT_SIDECAR: "qwen2.5-coder-0.5b-toolcalls-v3"}
-# By target: the LoRA of the target's own slot rows (issue 46), on the rows only (its sidecar.json says so); not a
+# By target: the LoRA of the target's own slot rows, on the rows only (its sidecar.json says so); not a
 # sidecar's default, as it is trained over the target's reading of the prompt, not its own.
 SLOT_ROW_ADAPTERS = {"qwen2.5-coder-1.5b": "qwen2.5-coder-1.5b-slotrows"}
 

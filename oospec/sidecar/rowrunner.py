@@ -24,7 +24,7 @@ class RowRunner:
     a row's result does not depend on the chunk it ran in). Work whose estimated working set (the prefix and
     one row) exceeds `memory_budget` bytes raises WorkingSetTooLarge before anything is allocated.
 
-    `prompt_without_adapter` (in-target slot rows, issue 46): the model carries a LoRA that applies to the rows
+    `prompt_without_adapter` (in-target slot rows): the model carries a LoRA that applies to the rows
     only. The leading part of a prefix that is the prompt (`prompt_ids`, set by the caller per request) runs with
     the adapter disabled, as the target's own forward reads it; the rest of the prefix and the rows with it."""
 

@@ -34,7 +34,7 @@ class TrainConfig:
     # Start from this adapter's weights (its r and alpha) instead of a fresh LoRA: more data on top of a trained
     # adapter. Its training tools must then count as used (`split_traces(always_train_tools=...)`).
     init_adapter: str | None = None
-    # In-target slot rows (issue 46): the base is the target itself, which reads the prompt with its own weights;
+    # In-target slot rows: the base is the target itself, which reads the prompt with its own weights;
     # the LoRA applies to the rows only. The shared prompt is then exactly the request's prompt (never a row's
     # primed text) and is computed with the adapter disabled, as the target's own forward computes it.
     prompt_without_adapter: bool = False
