@@ -227,11 +227,13 @@ def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> tuple
     t0 = time.perf_counter()
     context = state.seq[: state.n]  # a view: drafters read the prompt and output as written, never re-tokenized
     discount = state.meter.discount if state.meter is not None else 1.0
-    feed = drafter.slot_feed(context, state.slot_rows) if state.slot_rows else None
+    tree = build_tree(drafter.candidates(context), state.budget, drafter.cost, discount).pruned(
+        state.budget, remaining - 1)
+    # The tree first, for its own worth; slot rows then ride beside its rows only where they pay for the wider
+    # forward (the drafter weighs that: it knows what its rows save).
+    feed = drafter.slot_feed(context, state.slot_rows, len(tree) + 1) if state.slot_rows else None
     if feed is not None and len(feed) > state.slot_rows:
         raise ValueError(f"{drafter.name} fed {len(feed)} slot rows, more than the {state.slot_rows} it was given")
-    cost = drafter.cost.beside(len(feed)) if feed is not None and drafter.cost is not None else drafter.cost
-    tree = build_tree(drafter.candidates(context), state.budget, cost, discount).pruned(state.budget, remaining - 1)
     stats.draft_s += time.perf_counter() - t0
     return tree, feed
 
