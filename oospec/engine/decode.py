@@ -38,6 +38,7 @@ class GenerationStats:
     target_forwards: int = 0  # prefill included: it produces the first token
     accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted by each verify forward
     tree_sizes: list[int] = field(default_factory=list)  # nodes verified by each verify forward
+    slot_rows: list[int] = field(default_factory=list)  # slot rows beside them (Drafter.slot_feed), per forward
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside drafters (part of decode_s)
@@ -64,6 +65,7 @@ class GenerationStats:
             "mean_accepted_per_step": round(self.mean_accepted, 4),
             "accepted_per_step": self.accepted_per_step,
             "tree_sizes": self.tree_sizes,
+            "slot_rows": self.slot_rows,
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "draft_s": round(self.draft_s, 4),
@@ -142,6 +144,7 @@ def generate(target: TargetBackend, drafter: Drafter | None, request: Request, *
             threads.update()
             path, bonus, slot_logits = verify(target, state, tree, mask, feed)
             produced = commit(target, state, tree, path, bonus, stats)
+            stats.slot_rows.append(0 if feed is None else len(feed))
             if slot_logits is not None:
                 drafter.slot_logits(feed, slot_logits)
             t_observe = time.perf_counter()
