@@ -95,6 +95,16 @@ def test_rows_ride_only_where_they_pay_for_the_wider_forward():
     assert idle.rows_worth(beside=4, wanted=5) == 0  # nothing left to predict: nothing saves
 
 
+def test_a_target_that_writes_calls_fast_alone_gets_fewer_rows():
+    gentle = {1: 1.0, 64: 2.0}  # each row a sixty-third of a forward
+    slow, fast = rows_with(gentle), rows_with(gentle)
+    for _ in range(50):
+        slow.observe(np.zeros(1, dtype=np.int64))  # plain decoding's pace: a hinted token saves most of a forward
+        fast.observe(np.zeros(12, dtype=np.int64))  # as fast as a hint would make it: nothing to save
+    assert slow.rows_worth(beside=4, wanted=30) == 30
+    assert fast.rows_worth(beside=4, wanted=30) == 0
+
+
 def test_no_row_grows_a_value_the_target_has_written():
     rows = rows_with({1: 1.0, 4096: 1.0}, queued=0)
     ticket = rows.tickets[0]

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from oospec.engine.budget import CostModel
+from oospec.engine.budget import CostModel, PriorMean
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.engine.slot_rows import PROMPT, SlotFeed
@@ -52,12 +52,14 @@ from oospec.tools.tokens import TokenBytes
 
 Path = tuple[int, ...]  # a node of the forest: its tokens below the prompt, its own last
 
-# What a row is worth (rows_worth). The untrained 1.5B rows agree with the teacher on 72% of whole calls; a free
-# value's tokens cost toolspec about a forward each, a right hint on time several per forward: about half a
-# forward saved per hinted token. A value runs about 6 tokens (API-Bank, BFCL). Rough: the curve's slope over one
-# row is a few hundredths of a forward on CPUs, so rows stop paying only near a job's end.
+# What a row is worth (rows_worth). The untrained 1.5B rows agree with the teacher on 72% of whole calls. A hinted
+# token saves what it costs the target without the hint, 1/tau (tau: the tokens per forward the target reaches
+# with the other drafters, measured as it decodes), less what it costs with a right hint in the tree, about
+# 1/HINTED_TAU (a tree of 16 nodes accepted in part): where toolspec alone writes calls at tau 6 to 8 (API-Bank,
+# BFCL validation items), a hinted token saves a tenth of a forward, and the rows must be cheap to pay. A value
+# runs about 6 tokens.
 ROW_AGREEMENT = 0.7
-SAVED_PER_TOKEN = 0.5
+HINTED_TAU = 12.0
 TYPICAL_VALUE_TOKENS = 6
 
 
@@ -123,6 +125,9 @@ class SlotRowSidecar(Drafter):
         self.max_speculative = max_speculative  # primers fed before the function is chosen, over all functions
         self.cost = cost  # the target's cost curve (None: every row allowed rides); the drafter sets it per request
         self.tokenizer = None
+        # Tokens per forward the target reaches, kept across requests (the first forwards of a request are where
+        # the rows are wanted most and say least); a prior of plain decoding's pace, worth a few forwards.
+        self.tau = PriorMean(2.0, 4.0)
         self.start_state()
 
     def start_state(self) -> None:
@@ -167,6 +172,9 @@ class SlotRowSidecar(Drafter):
         self._advance(ticket)
         ticket.compute_s += time.perf_counter() - t0
         return ticket
+
+    def observe(self, produced: np.ndarray) -> None:
+        self.tau.add(float(produced.size))
 
     def poll(self, ticket: _Ticket) -> Payload | None:
         return ticket.payload
@@ -243,12 +251,16 @@ class SlotRowSidecar(Drafter):
 
     def expected_saving(self) -> float:
         """Forwards the open jobs' hints are expected to save: per slot not yet done, its value's tokens (at least
-        a typical value's), each right with the rows' agreement and worth SAVED_PER_TOKEN."""
+        a typical value's), each right with the rows' agreement and worth saved_per_token."""
         tokens = sum(max(len(slot.value) + 1, TYPICAL_VALUE_TOKENS) for t in self.tickets for slot in t.slots
                      if not slot.done)
         slots_unknown = sum(len(t.tools[0].parameters) for t in self.tickets if t.chosen is None)
         tokens += TYPICAL_VALUE_TOKENS * slots_unknown
-        return ROW_AGREEMENT * SAVED_PER_TOKEN * tokens
+        return ROW_AGREEMENT * self.saved_per_token() * tokens
+
+    def saved_per_token(self) -> float:
+        """Forwards a right hint saves per token it holds (see HINTED_TAU)."""
+        return max(0.0, 1.0 / self.tau.value - 1.0 / HINTED_TAU)
 
     def rows_needed(self) -> int:
         """Rows still to feed until every open slot ends: those queued, and a growing value's tokens to come."""
