@@ -109,7 +109,7 @@ class SlotRowDrafter(RandomTreeDrafter):
         for node in gone:
             del self.paths[node], self.parent[node]
 
-    def slot_feed(self, context, rows):
+    def slot_feed(self, context, rows, beside=1):
         self.given.append(rows)
         rng = self.rng
         live = sorted(self.paths)

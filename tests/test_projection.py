@@ -172,3 +172,11 @@ def test_costs_of_the_prepared_gpu_check(tmp_path):
     assert load_costs(path, "qwen2.5-1.5b", "eager").forward(16) == pytest.approx(0.031)
     with pytest.raises(ValueError, match="no measured graph costs"):
         load_costs(path, "qwen2.5-7b", "graph")
+
+
+def test_slot_rows_are_priced_in_their_forwards():
+    costs = GpuCosts("Fake GPU", "test", {1: 0.01, 17: 0.02}, {100: 0.05})
+    rec = _record("oospec-rows", "a", [3, 4], tree_sizes=[8, 0], slot_rows=[8, 0])
+    assert replay(rec, costs, 16, 100).decode_s == pytest.approx(0.02 + 0.01)  # c(1 + 8 + 8), c(1)
+    rec["slot_rows"] = [8]  # not one per step: not trusted
+    assert replay(rec, costs, 16, 100).decode_s == pytest.approx(0.015 + 0.01)

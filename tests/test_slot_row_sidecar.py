@@ -77,7 +77,7 @@ def test_without_a_lora_the_rows_guess_what_the_sidecar_predictor_guesses(smollm
 def test_under_the_call_grammar_the_rows_guess_the_call_the_target_writes(smollm2_engine):
     """A reply that must be a call (tool_choice "required": the grammar masks the tree's logits, the slot rows
     ride along): `ar`'s tokens, and the rows' payload holds the call the target wrote (optional enum and boolean
-    slots get a value, as the predictor gives them), there before the reply ended."""
+    slots get a value, as the predictor gives them), published early: the function first, each value as it ends."""
     engine = smollm2_engine
     for text in ASKS:
         runs = {}
@@ -91,6 +91,12 @@ def test_under_the_call_grammar_the_rows_guess_the_call_the_target_writes(smollm
         assert np.array_equal(tokens, reference), f"{text!r} diverged"
         written = json.loads(engine.tokenizer.decode(reference).split("\n")[0])
         guess, report = drafter.sidecar_drafter.payload.best, drafter.report
-        assert guess.function == written["name"], text  # and every argument the target wrote, as it wrote it:
-        assert {k: guess.arguments.get(k) for k in written["arguments"]} == written["arguments"], text
-        assert report.arrived and 0 < report.tokens_written_at_arrival < tokens.size
+        assert guess.function == written["name"], text  # and every argument it gave, as the target wrote it;
+        given = [k for k in written["arguments"] if k in guess.arguments]
+        assert {k: guess.arguments[k] for k in given} == {k: written["arguments"][k] for k in given}, text
+        # one left out is one the target wrote before its value came: its rows stopped there
+        assert not set(written["arguments"]) - set(given) & set(report.slot_arrivals), text
+        # The payload came early and grew: the function before the target had written its name, values after.
+        named = next(i for i in range(tokens.size) if f'"{written["name"]}"' in engine.tokenizer.decode(tokens[:i]))
+        assert report.arrived and 0 < report.tokens_written_at_arrival < named, text
+        assert report.tokens_written_at_arrival < min(report.slot_arrivals.values()) < tokens.size, text

@@ -210,7 +210,7 @@ class _Greedy(Drafter):
 
     slot_rows, slot_store = 24, 100
 
-    def slot_feed(self, context, rows):
+    def slot_feed(self, context, rows, beside=1):
         self.given = rows
         return SlotFeed(np.zeros(rows + 1, dtype=np.int64), np.full(rows + 1, PROMPT), 0)
 

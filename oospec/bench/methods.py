@@ -73,6 +73,7 @@ def generate(engine, sample, prompt_ids, drafter, max_new_tokens: int, cfg: Benc
         "tau": st.tau,
         "accepted_per_step": list(map(int, st.accepted_per_step)),
         "tree_sizes": list(map(int, st.tree_sizes)),  # nodes each verification forward held (its price: c(1 + n))
+        "slot_rows": list(map(int, st.slot_rows)),  # slot rows beside them (its price then: c(1 + n + rows))
         "prompt_tokens": int(prompt_ids.size),
         "prefill_s": st.prefill_s,
         "prompt_tokens_reused": st.prompt_tokens_reused,  # restored from the session's prefix cache

@@ -204,7 +204,9 @@ def replay(record: dict, costs: GpuCosts, budget: int, prompt_tokens: int | None
         if record["method"] != REFERENCE:
             assumed.add("tree_sizes")
         sizes = [0 if record["method"] == REFERENCE else budget] * steps
-    decode = sum(costs.forward(1 + int(s)) for s in sizes)
+    rows = record.get("slot_rows") or []  # slot rows ride in the same forwards (oospec-rows): priced with them
+    rows = rows if len(rows) == len(sizes) else [0] * len(sizes)
+    decode = sum(costs.forward(1 + int(s) + int(r)) for s, r in zip(sizes, rows))
     if prompt_tokens is None:
         assumed.add("prompt_tokens")
         prompt_tokens = next(iter(costs.prefill_s))

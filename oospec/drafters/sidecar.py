@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass, fields, is_dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ from oospec.drafters.pld import PromptLookupDrafter
 from oospec.drafters.priors import ACCEPTANCE
 from oospec.drafters.retrieval import CallMemory, RetrievalDrafter
 from oospec.drafters.schema import SchemaDrafter
+from oospec.drafters.sidecar_report import FollowUpReport, SidecarReport
 from oospec.drafters.sidecar_schedule import SidecarSchedule
 from oospec.drafters.toolspec import MergedDrafter
 from oospec.engine.budget import CostModel
@@ -43,55 +44,6 @@ from oospec.tools.callscan import CallPosition, CallScanner
 from oospec.tools.dialects import Dialect, ToolCall, extract_json_calls
 from oospec.tools.render import CallRenderer
 from oospec.tools.schema import Tool, to_openai
-
-
-@dataclass
-class FollowUpReport:
-    """The second job of a request: the slots of the function the target chose when no guess had it."""
-
-    function: str
-    submitted: bool
-    tokens_written_at_submit: int
-    arrived: bool | None = None  # True once its payload came back while the target was writing
-    tokens_written_at_arrival: int | None = None
-    arguments: dict | None = None
-    compute_s: float | None = None
-
-
-@dataclass
-class SidecarReport:
-    """What became of one request's sidecar job. Fields left None were never recorded (e.g. `arrived` is None
-    when no payload came back at all, False when it came only after the target had finished)."""
-
-    submitted: bool = False
-    fault: str | None = None  # why no payload came (a SidecarClient fault kind)
-    arrived: bool | None = None
-    tokens_written_at_arrival: int | None = None
-    latency_s: float | None = None  # from submit to the sidecar's finish
-    compute_s: float | None = None  # the sidecar's own time
-    payload_bytes: int | None = None
-    function: str | None = None  # the best guess; None with no_call True: the sidecar expects no call
-    arguments: dict | None = None
-    no_call: bool | None = None
-    call_probability: float | None = None
-    alternatives: list[dict] | None = None  # [{"function", "arguments", "log_odds"}] of the other guesses
-    following: list[dict] | None = None  # [{"function", "arguments"}] of the calls expected after the best
-    dropped: list[str] | None = None  # slots the payload check removed
-    followup: FollowUpReport | None = None
-    schedule: dict | None = None  # the cost model's decision for this request (sidecar_schedule.Decision)
-
-    def as_dict(self) -> dict:
-        """The recorded fields as plain JSON-ready data (benchmark records, server stats)."""
-        return _recorded(self)
-
-
-def _recorded(report) -> dict:
-    out = {}
-    for f in fields(report):
-        value = getattr(report, f.name)
-        if value is not None:
-            out[f.name] = _recorded(value) if is_dataclass(value) else value
-    return out
 
 
 class SidecarDrafter(Drafter):
@@ -200,10 +152,10 @@ class SidecarDrafter(Drafter):
             self.schema.finish()
         if self.sidecar is not None and self.schema.active:
             self.plan.request_done(self._written, self._steps, bool(self.report.arrived))
-        if self.ticket is not None and self.payload is None:
+        if self.ticket is not None and (self.payload is None or not self.payload.complete):
             payload = self.sidecar.poll(self.ticket)  # an answer that came too late is still reported
             self.report.fault = getattr(self.ticket, "fault", None)
-            if payload is not None:
+            if payload is not None and payload is not self.payload:
                 self._record_arrival(payload, tokens_written=None)
         cancel = getattr(self.sidecar, "cancel", None)  # a test double may have submit/poll only
         if cancel is not None:  # jobs not yet started are dropped: the sidecar goes on to live requests
@@ -238,8 +190,17 @@ class SidecarDrafter(Drafter):
         return idle() if idle is not None else 0
 
     def _record_arrival(self, payload: Payload, tokens_written: int | None) -> None:
+        """Report `payload`, the first or a fuller one (tokens_written None: it came after the reply)."""
         report = self.report
-        report.arrived, report.tokens_written_at_arrival = tokens_written is not None, tokens_written
+        if report.arrived is None:
+            report.arrived, report.tokens_written_at_arrival = tokens_written is not None, tokens_written
+        if payload.best is not None:
+            arrivals = report.slot_arrivals if report.slot_arrivals is not None else {}
+            for name in payload.best.arguments:
+                arrivals.setdefault(name, tokens_written)
+            report.slot_arrivals = arrivals or None
+        if payload.complete:
+            report.tokens_written_at_complete = tokens_written
         report.latency_s = round(payload.finished_at - self.submitted_at, 4) if payload.finished_at else None
         report.compute_s, report.payload_bytes = payload.compute_s, payload.size_bytes
         if payload.compute_s is not None:
@@ -255,9 +216,10 @@ class SidecarDrafter(Drafter):
         report.dropped = list(payload.dropped)
 
     def _poll(self, context: np.ndarray) -> Payload | None:
-        if self.payload is None and self.ticket is not None:
+        """The latest payload: polled until it is whole (an early one, slots pending, is replaced by fuller ones)."""
+        if self.ticket is not None and (self.payload is None or not self.payload.complete):
             payload = self.sidecar.poll(self.ticket)
-            if payload is not None:
+            if payload is not None and payload is not self.payload:
                 self.payload = payload
                 self._record_arrival(payload, int(context.size) - self.prompt_len)
                 self._add_guesses(payload.guesses)
@@ -267,17 +229,24 @@ class SidecarDrafter(Drafter):
         return self.payload
 
     def _add_guesses(self, guesses) -> None:
+        """New functions join the guesses; a fuller guess of one still pending replaces it where it stands."""
         tools = {t.name: t for t in self.schema.tools}
         for g in guesses:
             if g.function not in self.hinted:
                 self.hinted[g.function] = tools[g.function]
                 self.guesses.append(g)
+                continue
+            at = next((i for i, old in enumerate(self.guesses) if old.function == g.function), None)
+            if at is not None and self.guesses[at].pending:
+                self.guesses[at] = g
 
     def _add_turn(self, calls) -> None:
         tools = {t.name: t for t in self.schema.tools}
         for g in calls:
             self.hinted.setdefault(g.function, tools[g.function])
-        self.turn, self.matched = list(calls), [False] * len(calls)
+        if len(calls) != len(self.turn):  # a fuller payload of the same turn keeps what was matched
+            self.matched = [False] * len(calls)
+        self.turn = list(calls)
 
     def _match_finished(self) -> None:
         """Match each call the target has closed since the last draft to a predicted call of the turn."""
@@ -350,12 +319,12 @@ class SidecarDrafter(Drafter):
         pending = self._pending()
         out = []
         for rank, (guess, index) in enumerate(pending):
-            text = self.rest_of_call(schema.scanner, guess)
+            text, whole = self._hint_rest(schema.scanner, guess)
             if not text:
                 continue
-            after = next((g for g, i in pending if i > index), None)
-            joint = self._joint() if after is not None else None
-            end_of_turn = closer is not None and after is None
+            after = next((g for g, i in pending if i > index), None) if whole else None
+            joint = self._joint() if after is not None and not after.pending else None
+            end_of_turn = whole and closer is not None and after is None
             if joint is not None:
                 text += joint + self.render.call(after.function, after.arguments, self.hinted[after.function])
             elif end_of_turn:
@@ -371,11 +340,33 @@ class SidecarDrafter(Drafter):
 
     def rest_of_call(self, scan: CallScanner, guess: Guess) -> str | None:
         """The text from the current position to the end of the call if `guess` is right, or None where
-        the hint cannot be aligned (another function, a value that already differs)."""
+        the hint cannot be aligned (another function, a value that already differs). A guess with slots pending
+        stops where the first of them would begin, its key and the value's opener written."""
+        return self._hint_rest(scan, guess)[0]
+
+    def _hint_rest(self, scan: CallScanner, guess: Guess) -> tuple[str | None, bool]:
+        """(rest_of_call, whether it runs to the call's end: no pending slot cut it short)."""
         tool = self.hinted.get(guess.function)
         if tool is None:
-            return None
-        render, hint = self.render, guess.arguments
+            return None, False
+        if not guess.pending:
+            return self._aligned(scan, guess, tool, guess.arguments), True
+        # Each pending slot stands in as a marker value no real one contains; the text is cut at the first.
+        hint = dict(guess.arguments) | {name: PENDING for name in guess.pending}
+        text = self._aligned(scan, guess, tool, hint)
+        if text is None:
+            return None, False
+        marker = self.render.value(PENDING)
+        cut = text.find(marker)
+        if cut < 0:
+            return text, True
+        before = text[:cut]  # through the pending slot's key, where the text gives it: its value's opener too
+        name = next((p for p in guess.pending if before.endswith(self.render.key(p))), None)
+        return before + self.render.value_open(tool.param(name) if name else None), False
+
+    def _aligned(self, scan: CallScanner, guess: Guess, tool: Tool, hint: dict) -> str | None:
+        """rest_of_call for the arguments `hint` (pending slots as markers)."""
+        render = self.render
         full = render.call(guess.function, hint, tool)
         where = scan.position
         if where is CallPosition.OUTSIDE:
@@ -400,6 +391,9 @@ class SidecarDrafter(Drafter):
             return None
         args = scan.stack[1]
         keys = set(args.keys)
+        if where not in (CallPosition.ARG_KEY, CallPosition.ARG_KEY_NEXT, CallPosition.ARG_VALUE_DONE) and \
+                args.keys and args.keys[-1] in guess.pending:  # at a value still being predicted
+            return None
         if where is CallPosition.ARG_KEY:
             prefix = "".join(scan.buf)
             for p in tool.parameters:
@@ -428,6 +422,10 @@ class SidecarDrafter(Drafter):
         if value.startswith(so_far) and len(value) > len(so_far):
             return value[len(so_far):] + render.slots(hint, tool, keys)
         return None
+
+
+# The value a pending slot is rendered with, to find where its hint stops (private-use characters: no real value).
+PENDING = "\ue000pending\ue001"
 
 
 def slots_agreeing(guess: Guess, call: ToolCall) -> int:

@@ -58,8 +58,8 @@ class MergedDrafter(Drafter):
         part = self._slot_part
         return part.slot_store if part else 0
 
-    def slot_feed(self, context: np.ndarray, rows: int):
-        return self._slot_part.slot_feed(context, rows)
+    def slot_feed(self, context: np.ndarray, rows: int, beside: int = 1):
+        return self._slot_part.slot_feed(context, rows, beside)
 
     def slot_logits(self, feed, logits) -> None:
         self._slot_part.slot_logits(feed, logits)

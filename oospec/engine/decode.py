@@ -38,6 +38,7 @@ class GenerationStats:
     target_forwards: int = 0  # prefill included: it produces the first token
     accepted_per_step: list[int] = field(default_factory=list)  # draft tokens accepted by each verify forward
     tree_sizes: list[int] = field(default_factory=list)  # nodes verified by each verify forward
+    slot_rows: list[int] = field(default_factory=list)  # slot rows beside them (Drafter.slot_feed), per forward
     prefill_s: float = 0.0
     decode_s: float = 0.0
     draft_s: float = 0.0  # time inside drafters (part of decode_s)
@@ -64,6 +65,7 @@ class GenerationStats:
             "mean_accepted_per_step": round(self.mean_accepted, 4),
             "accepted_per_step": self.accepted_per_step,
             "tree_sizes": self.tree_sizes,
+            "slot_rows": self.slot_rows,
             "prefill_s": round(self.prefill_s, 4),
             "decode_s": round(self.decode_s, 4),
             "draft_s": round(self.draft_s, 4),
@@ -142,6 +144,7 @@ def generate(target: TargetBackend, drafter: Drafter | None, request: Request, *
             threads.update()
             path, bonus, slot_logits = verify(target, state, tree, mask, feed)
             produced = commit(target, state, tree, path, bonus, stats)
+            stats.slot_rows.append(0 if feed is None else len(feed))
             if slot_logits is not None:
                 drafter.slot_logits(feed, slot_logits)
             t_observe = time.perf_counter()
@@ -227,11 +230,13 @@ def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> tuple
     t0 = time.perf_counter()
     context = state.seq[: state.n]  # a view: drafters read the prompt and output as written, never re-tokenized
     discount = state.meter.discount if state.meter is not None else 1.0
-    feed = drafter.slot_feed(context, state.slot_rows) if state.slot_rows else None
+    tree = build_tree(drafter.candidates(context), state.budget, drafter.cost, discount).pruned(
+        state.budget, remaining - 1)
+    # The tree first, for its own worth; slot rows then ride beside its rows only where they pay for the wider
+    # forward (the drafter weighs that: it knows what its rows save).
+    feed = drafter.slot_feed(context, state.slot_rows, len(tree) + 1) if state.slot_rows else None
     if feed is not None and len(feed) > state.slot_rows:
         raise ValueError(f"{drafter.name} fed {len(feed)} slot rows, more than the {state.slot_rows} it was given")
-    cost = drafter.cost.beside(len(feed)) if feed is not None and drafter.cost is not None else drafter.cost
-    tree = build_tree(drafter.candidates(context), state.budget, cost, discount).pruned(state.budget, remaining - 1)
     stats.draft_s += time.perf_counter() - t0
     return tree, feed
 

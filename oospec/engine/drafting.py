@@ -129,9 +129,10 @@ class Drafter:
     slot_rows = 0
     slot_store = 0
 
-    def slot_feed(self, context: np.ndarray, rows: int) -> SlotFeed | None:
+    def slot_feed(self, context: np.ndarray, rows: int, beside: int = 1) -> SlotFeed | None:
         """The slot rows of the next forward, at most `rows` of them, their parents among the target's slot forest
-        as the last `slot_logits` left it (None: none this forward)."""
+        as the last `slot_logits` left it (None: none this forward). `beside`: the rows the forward verifies
+        anyway (the pending token and the tree), which the slot rows' cost is added to."""
         return None
 
     def slot_logits(self, feed: SlotFeed, logits: torch.Tensor) -> None:

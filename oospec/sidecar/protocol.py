@@ -70,6 +70,9 @@ class Guess:
     # What the sidecar ranked the function by: the name's log-probability, less `prior_weight` times its
     # log-probability without the conversation. The difference between two guesses of one call is their log-odds.
     score: float = 0.0
+    # Slots still being predicted (an early payload, published while they grow): not in `arguments`, and not
+    # absent either, so a hint stops before the first of them instead of closing the call without it.
+    pending: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,11 @@ class Payload:
     following: tuple[Guess, ...] = ()  # the calls expected after `best` in the same turn, in order
 
     @property
+    def complete(self) -> bool:
+        """No slot of any guess is still pending: no later payload for this job will change it."""
+        return not any(g.pending for g in (*self.guesses, *self.following))
+
+    @property
     def guesses(self) -> tuple[Guess, ...]:
         """The guesses for the turn's first call, best first."""
         return () if self.best is None else (self.best, *self.alternatives)
@@ -96,7 +104,10 @@ class Payload:
 
 
 def _guess_doc(g: Guess) -> dict:
-    return {"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
+    doc = {"function": g.function, "arguments": g.arguments, "score": round(g.score, 4)}
+    if g.pending:
+        doc["pending"] = list(g.pending)
+    return doc
 
 
 def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, finished_at: float,
@@ -105,12 +116,12 @@ def encode_payload(request_id: str, guesses: Sequence[Guess], compute_s: float, 
     the best guess in the same turn."""
     best, *alts = guesses if guesses else (None,)
     doc = {"id": request_id, "function": best and best.function, "arguments": best and best.arguments,
-           "score": best and round(best.score, 4),
+           "score": best and round(best.score, 4), "pending": list(best.pending) if best is not None else [],
            "alternatives": [_guess_doc(g) for g in alts],
            "next": [_guess_doc(g) for g in following] if best is not None else [],
            "call_p": None if call_probability is None else float(f"{call_probability:.4g}"),
            "compute_s": round(compute_s, 4), "t": finished_at}
-    for key in ("alternatives", "next", "call_p", "arguments", "score"):
+    for key in ("alternatives", "next", "call_p", "arguments", "score", "pending"):
         if doc[key] in (None, []):
             del doc[key]
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
@@ -143,8 +154,14 @@ def _guess(doc: Any, tools: Mapping[str, Tool], dropped: list[str]) -> Guess:
     if args and not kept:
         # Every slot it gave was unusable: the function guess is no more trustworthy than its slots.
         raise PayloadError("bad-slots", f"every slot of {name!r} was unusable ({'; '.join(dropped[-3:])})")
+    pending = doc.get("pending") or []
+    if not isinstance(pending, list):
+        raise PayloadError("malformed", f"pending slots of {name!r} are not a list")
+    for key in [k for k in pending if not isinstance(k, str) or tool.param(k) is None or k in kept]:
+        dropped.append(f"{name}.{key}: pending but not a parameter, or given already")
     score = doc.get("score", 0.0)
-    return Guess(name, kept, float(score) if isinstance(score, int | float) else 0.0)
+    return Guess(name, kept, float(score) if isinstance(score, int | float) else 0.0,
+                 tuple(k for k in pending if isinstance(k, str) and tool.param(k) is not None and k not in kept))
 
 
 def parse_payload(raw: bytes, request_id: str, tools: Sequence[Tool]) -> Payload:
