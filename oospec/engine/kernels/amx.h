@@ -66,6 +66,13 @@ struct FilledPanels {
   }
 };
 
+// weights_as_a's A tiles made beforehand over the whole of K: panel j's k-tile t at a + (j tiles + t) TILE_ELEMS.
+struct FilledRows {
+  const bf16* a;
+  int64_t tiles;
+  const bf16* get(int64_t t, int j) const { return a + (j * tiles + t) * TILE_ELEMS; }
+};
+
 // A ring of RING k-tiles: the tiles made for k-tile t are not overwritten until t + RING, so making the next ones
 // never waits for the tile loads of this one to finish reading (a single buffer serializes the two).
 constexpr int RING = 8;
@@ -129,8 +136,8 @@ void block_any(int rb, int nb, const bf16* a, int64_t lda, int rows, const Tiles
   else block<1, 1>(a, lda, rows, b, tiles, c, 32);
 }
 
-// The same products with the operands' roles swapped, for a forward of at most 32 rows over a weight whose k-tiles
-// its source makes as rows (RepackedSource::rows_tile: by lookup, half the instructions of a B tile): W's 16
+// The same products with the operands' roles swapped, for a weight whose k-tiles its source makes as rows
+// (RepackedSource::rows_tile: by lookup, half the instructions of a B tile): W's 16
 // outputs x 32 k are the A tile, x's k-pairs x `cols` rows (1 for a decode step, else 16, zeros past M) the B tile,
 // C holds outputs x rows. Each output still takes the same products, pair by pair, k-tile after k-tile (a
 // bfloat16 product is exact, whichever operand holds which factor), so the bits are block()'s
@@ -170,7 +177,7 @@ void block_weights_as_a_any(int rb, int nb, const bf16* xt, int64_t blk_stride, 
   else block_weights_as_a<1, 1>(xt, blk_stride, cols, w, tiles, c);
 }
 
-// x's rows [M <= 32, K] (row stride lda, K a multiple of 32) as weights_as_a's B tiles: for rows block r (16 rows,
+// x's rows [M, K] (row stride lda, K a multiple of 32) as weights_as_a's B tiles: for rows block r (16 rows,
 // zeros past M), its k-pairs x 16 rows, 32-bit units moved (transpose16); one row is its own B tiles (cols 1).
 inline const bf16* x_as_b_tiles(const bf16* a, int64_t lda, int64_t M, int64_t K, int& cols, int64_t& blk_stride) {
   cols = M == 1 ? 1 : 16;
@@ -221,10 +228,11 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
   const int64_t tail_pairs = steps % TILE_PAIRS;
   const bool one_pass = mp <= 2 * rows;  // one row-block pair: each weight is read once
   bool weights_as_a = false;
-  if constexpr (Source::tile_by_tile) weights_as_a = one_pass && !tail_pairs && src.rows_tiles();
+  if constexpr (Source::tile_by_tile) weights_as_a = !tail_pairs && src.rows_tiles();
   int xcols = 0;
   int64_t blk_stride = 0;
   const bf16* xt = weights_as_a ? x_as_b_tiles(a, lda, M, K, xcols, blk_stride) : nullptr;
+  const int64_t xblocks = M == 1 ? 1 : (M + 15) / 16;
   struct Buffers {  // per thread: its tile configuration is loaded with them
     alignas(64) float c[2 * TILE_ROWS * 32];
     alignas(64) float rows[16 * 16];  // a C tile of weights_as_a turned to rows x outputs
@@ -248,9 +256,21 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
       const int64_t n0 = p0 * 16, nn = std::min<int64_t>(nb * 16, N - n0);
       if constexpr (Source::tile_by_tile) {
         if (weights_as_a) {
-          const int rb = M > 16 ? 2 : 1;
-          block_weights_as_a_any(rb, nb, xt, blk_stride, xcols, TileByTile<Source, true>{src, p0, tiles, buf->tiles},
-                                 tiles, c);
+          // a forward of more than 32 rows makes the pair's A tiles once, over the whole of K, for all its rows
+          if (!one_pass) {
+            scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));  // once per thread and product
+            for (int j = 0; j < nb; ++j)
+              for (int64_t t = 0; t < tiles; ++t) src.rows_tile(p0 + j, t, scratch.data() + (j * tiles + t) * TILE_ELEMS);
+          }
+          const FilledRows filled_rows{scratch.data(), tiles};
+          for (int64_t r0 = 0; r0 < xblocks; r0 += 2) {
+          const int rb = xblocks - r0 > 1 ? 2 : 1;
+          const bf16* xr = xt + r0 * blk_stride;
+          if (one_pass)
+            block_weights_as_a_any(rb, nb, xr, blk_stride, xcols, TileByTile<Source, true>{src, p0, tiles, buf->tiles},
+                                   tiles, c);
+          else
+            block_weights_as_a_any(rb, nb, xr, blk_stride, xcols, filled_rows, tiles, c);
           for (int r = 0; r < rb; ++r)
             for (int j = 0; j < nb; ++j) {
               // C tile 2r + j is outputs x rows; as rows x outputs (moved, not converted) for y's rows
@@ -259,14 +279,15 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
                 transpose16(tile, 16, 16, reinterpret_cast<uint32_t*>(buf->rows));
                 tile = buf->rows;
               }
-              const int64_t nj = std::min<int64_t>(16, nn - 16 * j);
-              for (int64_t m = 16 * r; m < std::min<int64_t>(M, 16 * r + 16); ++m)
+              const int64_t nj = std::min<int64_t>(16, nn - 16 * j), m0 = 16 * (r0 + r);
+              for (int64_t m = m0; m < std::min<int64_t>(M, m0 + 16); ++m)
                 for (int64_t f = 0; f < nj; ++f) {
-                  float v = tile[(m - 16 * r) * 16 + f];
+                  float v = tile[(m - m0) * 16 + f];
                   if (bias) v += static_cast<float>(bias[n0 + 16 * j + f]);
                   y[m * N + n0 + 16 * j + f] = bf16(v);
                 }
             }
+          }
           continue;
         }
       }
