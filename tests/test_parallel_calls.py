@@ -73,6 +73,7 @@ class ScriptedPredictor:
 
         pred = object.__new__(SidecarPredictor)
         pred.format, pred.max_calls = TaskFormat(Tok()), max_calls
+        pred.prompt_without_adapter = False  # the prompt read as the rows are: the 0.5B sidecar's way
         pred.asked = []
         pred.next_call_opening = lambda text: (pred.asked.append(("next", text)), joints.pop(0) if joints else None)[1]
         pred.guess = lambda job, tools, later=False: (pred.asked.append(("guess", job.opener, later)), [calls.pop(0)])[1]
