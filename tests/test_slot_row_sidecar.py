@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from helpers import write_random_lora
+from test_sidecar import WEATHER
 
 from oospec.drafters import make_drafter
 from oospec.engine.drafting import Request
@@ -21,15 +22,6 @@ from oospec.tools.schema import tools_from_openai
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-WEATHER = [{"type": "function", "function": {
-    "name": "get_weather", "description": "Weather for a city",
-    "parameters": {"type": "object", "properties": {
-        "city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
-        "unit": {"type": "string", "enum": ["c", "f"]}},
-        "required": ["city", "days"]}}},
-    {"type": "function", "function": {
-        "name": "get_time", "parameters": {"type": "object", "properties": {"zone": {"type": "string"}},
-                                           "required": ["zone"]}}}]
 ASKS = ["What's the weather in Paris for the next 3 days? Use celsius.",
         "What time is it in Tokyo right now?",
         "Tell me the forecast for Lisbon this week, in fahrenheit."]

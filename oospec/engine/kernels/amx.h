@@ -246,6 +246,43 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
     else configure(rows);
     return std::make_unique<Buffers>();  // scratch sized when a group needs it (not for TileByTile)
   };
+  // weights_as_a, one panel pair (p0, nb panels): every pair of rows blocks through its A tiles, into y. A forward of
+  // more than 32 rows makes the pair's A tiles once, over the whole of K; a smaller one makes them as it goes.
+  const auto weights_as_a_pair = [&](Buffers& buf, int64_t p0, int nb) {
+    if constexpr (Source::tile_by_tile) {
+      if (!one_pass) {
+        buf.scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));  // once per thread and product
+        for (int j = 0; j < nb; ++j)
+          for (int64_t t = 0; t < tiles; ++t) src.rows_tile(p0 + j, t, buf.scratch.data() + (j * tiles + t) * TILE_ELEMS);
+      }
+      const int64_t n0 = p0 * 16, nn = std::min<int64_t>(nb * 16, N - n0);
+      for (int64_t r0 = 0; r0 < xblocks; r0 += 2) {
+        const int rb = xblocks - r0 > 1 ? 2 : 1;
+        const bf16* xr = xt + r0 * blk_stride;
+        if (one_pass)
+          block_weights_as_a_any(rb, nb, xr, blk_stride, xcols, TileByTile<Source, true>{src, p0, tiles, buf.tiles},
+                                 tiles, buf.c);
+        else
+          block_weights_as_a_any(rb, nb, xr, blk_stride, xcols, FilledRows{buf.scratch.data(), tiles}, tiles, buf.c);
+        for (int r = 0; r < rb; ++r)
+          for (int j = 0; j < nb; ++j) {
+            // C tile 2r + j is outputs x rows; as rows x outputs (moved, not converted) for y's rows
+            const float* tile = buf.c + (2 * r + j) * 16 * xcols;
+            if (xcols > 1) {
+              transpose16(tile, 16, 16, reinterpret_cast<uint32_t*>(buf.rows));
+              tile = buf.rows;
+            }
+            const int64_t nj = std::min<int64_t>(16, nn - 16 * j), m0 = 16 * (r0 + r);
+            for (int64_t m = m0; m < std::min<int64_t>(M, m0 + 16); ++m)
+              for (int64_t f = 0; f < nj; ++f) {
+                float v = tile[(m - m0) * 16 + f];
+                if (bias) v += static_cast<float>(bias[n0 + 16 * j + f]);
+                y[m * N + n0 + 16 * j + f] = bf16(v);
+              }
+          }
+      }
+    }
+  };
   claim_parallel(groups, grain, buffers, [&](std::unique_ptr<Buffers>& buf, int64_t g0, int64_t g1) {
     float* c = buf->c;
     bf16* tail = buf->tail;
@@ -254,42 +291,9 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
       const int64_t p0 = 2 * g;
       const int nb = static_cast<int>(std::min<int64_t>(2, panels - p0));
       const int64_t n0 = p0 * 16, nn = std::min<int64_t>(nb * 16, N - n0);
-      if constexpr (Source::tile_by_tile) {
-        if (weights_as_a) {
-          // a forward of more than 32 rows makes the pair's A tiles once, over the whole of K, for all its rows
-          if (!one_pass) {
-            scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));  // once per thread and product
-            for (int j = 0; j < nb; ++j)
-              for (int64_t t = 0; t < tiles; ++t) src.rows_tile(p0 + j, t, scratch.data() + (j * tiles + t) * TILE_ELEMS);
-          }
-          const FilledRows filled_rows{scratch.data(), tiles};
-          for (int64_t r0 = 0; r0 < xblocks; r0 += 2) {
-          const int rb = xblocks - r0 > 1 ? 2 : 1;
-          const bf16* xr = xt + r0 * blk_stride;
-          if (one_pass)
-            block_weights_as_a_any(rb, nb, xr, blk_stride, xcols, TileByTile<Source, true>{src, p0, tiles, buf->tiles},
-                                   tiles, c);
-          else
-            block_weights_as_a_any(rb, nb, xr, blk_stride, xcols, filled_rows, tiles, c);
-          for (int r = 0; r < rb; ++r)
-            for (int j = 0; j < nb; ++j) {
-              // C tile 2r + j is outputs x rows; as rows x outputs (moved, not converted) for y's rows
-              const float* tile = c + (2 * r + j) * 16 * xcols;
-              if (xcols > 1) {
-                transpose16(tile, 16, 16, reinterpret_cast<uint32_t*>(buf->rows));
-                tile = buf->rows;
-              }
-              const int64_t nj = std::min<int64_t>(16, nn - 16 * j), m0 = 16 * (r0 + r);
-              for (int64_t m = m0; m < std::min<int64_t>(M, m0 + 16); ++m)
-                for (int64_t f = 0; f < nj; ++f) {
-                  float v = tile[(m - m0) * 16 + f];
-                  if (bias) v += static_cast<float>(bias[n0 + 16 * j + f]);
-                  y[m * N + n0 + 16 * j + f] = bf16(v);
-                }
-            }
-          }
-          continue;
-        }
+      if (weights_as_a) {
+        weights_as_a_pair(*buf, p0, nb);
+        continue;
       }
       FilledPanels filled{};
       if (!(Source::tile_by_tile && one_pass)) {

@@ -323,7 +323,7 @@ inline void quants16(const Group& g, int i, __m512i& h0, __m512i& h1) {
     const __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(g.high + (i / 4) * 16)));
     const int s = i % 4;  // half 0's bit is bit s, half 1's four higher
     const __m512i mask = _mm512_set1_epi32(0x10);
-    const __m512i a0 = s <= 4 ? _mm512_slli_epi32(hb, 4 - s) : _mm512_srli_epi32(hb, s - 4);  // to bit 4
+    const __m512i a0 = _mm512_slli_epi32(hb, 4 - s);  // to bit 4
     const __m512i a1 = _mm512_srli_epi32(hb, s);
     h0 = _mm512_ternarylogic_epi32(h0, a0, mask, 0xF8);  // h0 | (a0 & mask)
     h1 = _mm512_ternarylogic_epi32(h1, a1, mask, 0xF8);
