@@ -265,3 +265,32 @@ def test_a_block_scale_that_is_not_finite_is_not_regrouped(cxx):
     raw[3, 0:2] = np.array([np.inf], np.float16).view(np.uint8)
     with pytest.raises(RuntimeError, match="not finite"):
         cxx.repack_quant(torch.from_numpy(raw), int(Q.Q4_K), 256)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_weights_sharing_one_call_each_get_their_own_products(cxx, dtype):
+    # q, k and v (gate and up) in one pool of work: mixed types, with and without a bias, a short last panel, row
+    # counts on both sides of each tile path, 1 and 2 threads; each output must be its own call's bits
+    k, mix = 1024, [(Q.Q4_K, 67, True), (Q.Q6_K, 16, False), (Q.Q4_0, 33, True), (Q.Q8_0, 5, False)]
+    packed, types, ns, biases = [], [], [], []
+    g = torch.Generator().manual_seed(5)
+    for i, (qtype, n, has_bias) in enumerate(mix):
+        packed.append(cxx.repack_quant(torch.from_numpy(weights(qtype, n, k, 40 + i)), int(qtype), k))
+        types.append(int(qtype))
+        ns.append(n)
+        biases.append(torch.randn(n, generator=g).to(dtype) if has_bias else None)
+    x = torch.randn(70, k, generator=g).to(dtype)
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            for m in (1, 2, 16, 17, 32, 33, 64, 70):
+                xm = x[:m].contiguous()
+                together = cxx.linear_repacked_many(xm, packed, types, ns, biases)
+                for j in range(len(mix)):
+                    alone = cxx.linear_repacked(xm, packed[j], types[j], ns[j], biases[j])
+                    assert np.array_equal(bits(together[j]), bits(alone)), (threads, m, mix[j])
+    finally:
+        torch.set_num_threads(before)
+    with pytest.raises(RuntimeError, match="not \\["):
+        cxx.linear_repacked_many(x, packed[:2], types[:2], [ns[0], ns[0]], biases[:2])

@@ -76,8 +76,40 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
-        y = self.weight_blocks.matmul(x.reshape(rows, self.in_features).to(self.dtype), self.bias)
-        return y.to(x.dtype).view(*x.shape[:-1], self.out_features)
+        x2 = x.reshape(rows, self.in_features)
+        y = self.weight_blocks.matmul(x2 if x.dtype == self.dtype else x2.to(self.dtype), self.bias)
+        y = y if x.dtype == self.dtype else y.to(x.dtype)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+class LinearGroup:
+    """Several QuantizedLinear that read the same x (q, k and v; gate and up) as one kernel call
+    (`linear_repacked_many`): one pool of work for the threads, one wake-up, each output the bits of its own
+    layer's call. `of` says None where the layers are not all plain regrouped QuantizedLinear of one dtype."""
+
+    def __init__(self, layers: list[QuantizedLinear]):
+        self.layers = layers
+        self.blocks = [q.weight_blocks.blocks for q in layers]
+        self.types = [q.weight_blocks.qtype for q in layers]
+        self.rows = [q.out_features for q in layers]
+        self.biases = [q.bias for q in layers]
+        self.in_features, self.dtype, self.ops = layers[0].in_features, layers[0].dtype, layers[0].ops
+
+    @classmethod
+    def of(cls, layers: list[nn.Module]) -> LinearGroup | None:
+        plain = all(type(q) is QuantizedLinear and q.weight_blocks.regrouped for q in layers)
+        if not plain or len({(q.in_features, q.dtype, id(q.ops)) for q in layers}) != 1:
+            return None
+        return cls(layers) if hasattr(layers[0].ops, "linear_repacked_many") else None
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        rows = x.numel() // self.in_features
+        x2 = x.reshape(rows, self.in_features)
+        ys = self.ops.linear_repacked_many(x2 if x.dtype == self.dtype else x2.to(self.dtype), self.blocks,
+                                           self.types, self.rows, self.biases)
+        if x.dtype != self.dtype:
+            ys = [y.to(x.dtype) for y in ys]
+        return [y.view(*x.shape[:-1], n) for y, n in zip(ys, self.rows)]
 
 
 class QuantizedEmbedding(nn.Module):

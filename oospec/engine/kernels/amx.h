@@ -34,16 +34,20 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {};
   uint8_t rows[16] = {};
 };
+// GCC's _tile_loadconfig is an asm statement that tells the compiler it reads 8 bytes of the configuration, so
+// once inlined the stores of the other 56 may be dropped or moved past it (a #GP at LDTILECFG). Here the asm's
+// operand is the whole configuration.
+inline void load_config(const TileConfig& c) { asm volatile("ldtilecfg %0" : : "m"(c)); }
 inline void configure(int rows) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) { c.colsb[t] = 64; c.rows[t] = t < 6 ? rows : 16; }
-  _tile_loadconfig(&c);
+  load_config(c);
 }
 // weights_as_a's tiles: C (0-3) 16 outputs x `cols` rows of x, A (4-5) 16 outputs x 32 k, B (6-7) 16 k-pairs x `cols`.
 inline void configure_weights_as_a(int cols) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) { c.colsb[t] = t == 4 || t == 5 ? 64 : 4 * cols; c.rows[t] = 16; }
-  _tile_loadconfig(&c);
+  load_config(c);
 }
 
 constexpr int TILE_ROWS = 16, TILE_PAIRS = 16, TILE_ELEMS = TILE_PAIRS * 32;  // a B tile: 512 bf16
@@ -201,11 +205,21 @@ inline const bf16* x_as_b_tiles(const bf16* a, int64_t lda, int64_t M, int64_t K
   return reinterpret_cast<const bf16*>(xt.data());
 }
 
+// One weight of a product over a shared x: y [M, N] = x w^T + bias (none: nullptr).
+template <class Source> struct Job {
+  Source src;
+  const bf16* bias;
+  bf16* y;
+  int64_t N;
+};
+
 // x [M, K] (row stride ldx) through bfloat16 panels: rows padded with zeros to whole tiles, k to whole k-tiles.
+// Several weights that read the same x (q, k and v; gate and up) go in one call: their panel pairs are one pool
+// that the threads claim from, so a small weight (k, v) no longer runs on one thread while the other waits, and
+// the threads wake once for all of them. Each output's products and order are its weight's alone: the same bits.
 template <class Source>
-void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, bf16* y, int64_t M, int64_t K,
-              int64_t N) {
-  const int64_t steps = ksteps(K, 2), pe = steps * 32, panels = (N + 15) / 16;
+void amx_impl_jobs(const bf16* x, int64_t ldx, const Job<Source>* jobs, int njobs, int64_t M, int64_t K) {
+  const int64_t steps = ksteps(K, 2), pe = steps * 32;
   const int64_t tiles = (steps + TILE_PAIRS - 1) / TILE_PAIRS, kp = tiles * 32;
   const int rows = static_cast<int>(std::min<int64_t>(M, TILE_ROWS));
   const int64_t mp = (M + rows - 1) / rows * rows;
@@ -223,15 +237,22 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
     a = padded.data();
     lda = kp;
   }
-  const int64_t groups = (panels + 1) / 2;
+  // job j's panel pairs are groups first[j] .. first[j + 1] - 1 of the pool
+  int64_t first[8];
+  TORCH_CHECK(njobs >= 1 && njobs < 8, "amx_impl_jobs: 1 to 7 weights");
+  first[0] = 0;
+  for (int j = 0; j < njobs; ++j) first[j + 1] = first[j] + ((jobs[j].N + 15) / 16 + 1) / 2;
+  const int64_t groups = first[njobs];
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (2 * pe * static_cast<int64_t>(sizeof(bf16))));
   const int64_t tail_pairs = steps % TILE_PAIRS;
   const bool one_pass = mp <= 2 * rows;  // one row-block pair: each weight is read once
-  bool weights_as_a = false;
-  if constexpr (Source::tile_by_tile) weights_as_a = !tail_pairs && src.rows_tiles();
+  // which weights take weights_as_a: the tile configuration differs, so a thread loads it again on a change
+  bool as_a[8] = {}, any_as_a = false;
+  if constexpr (Source::tile_by_tile)
+    for (int j = 0; j < njobs; ++j) any_as_a |= as_a[j] = !tail_pairs && jobs[j].src.rows_tiles();
   int xcols = 0;
   int64_t blk_stride = 0;
-  const bf16* xt = weights_as_a ? x_as_b_tiles(a, lda, M, K, xcols, blk_stride) : nullptr;
+  const bf16* xt = any_as_a ? x_as_b_tiles(a, lda, M, K, xcols, blk_stride) : nullptr;
   const int64_t xblocks = M == 1 ? 1 : (M + 15) / 16;
   struct Buffers {  // per thread: its tile configuration is loaded with them
     alignas(64) float c[2 * TILE_ROWS * 32];
@@ -239,16 +260,20 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
     alignas(64) bf16 tail[2 * TILE_ELEMS];
     alignas(64) bf16 tiles[RING * 2 * TILE_ELEMS];  // TileByTile's ring
     std::vector<bf16> scratch;  // a quantized weight's two panels over the whole of K: C stays in its tiles
-    ~Buffers() { _tile_release(); }  // the thread's tiles, configured when these were made
+    int as_a = -1;  // the tile configuration loaded: weights_as_a's (1), block()'s (0), none yet (-1)
+    void configure_for(bool weights_as_a, int xcols, int tile_rows) {
+      if (as_a == int(weights_as_a)) return;
+      if (weights_as_a) configure_weights_as_a(xcols);
+      else configure(tile_rows);
+      as_a = weights_as_a;
+    }
+    ~Buffers() { if (as_a >= 0) _tile_release(); }
   };
-  const auto buffers = [&] {
-    if (weights_as_a) configure_weights_as_a(xcols);
-    else configure(rows);
-    return std::make_unique<Buffers>();  // scratch sized when a group needs it (not for TileByTile)
-  };
+  const auto buffers = [&] { return std::make_unique<Buffers>(); };  // scratch sized when a group needs it
   // weights_as_a, one panel pair (p0, nb panels): every pair of rows blocks through its A tiles, into y. A forward of
   // more than 32 rows makes the pair's A tiles once, over the whole of K; a smaller one makes them as it goes.
-  const auto weights_as_a_pair = [&](Buffers& buf, int64_t p0, int nb) {
+  const auto weights_as_a_pair = [&](Buffers& buf, const Source& src, const bf16* bias, bf16* y, int64_t N,
+                                     int64_t p0, int nb) {
     if constexpr (Source::tile_by_tile) {
       if (!one_pass) {
         buf.scratch.resize(static_cast<size_t>(2 * src.scratch_elems(steps)));  // once per thread and product
@@ -287,12 +312,18 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
     float* c = buf->c;
     bf16* tail = buf->tail;
     std::vector<bf16>& scratch = buf->scratch;
+    int j = 0;
     for (int64_t g = g0; g < g1; ++g) {
-      const int64_t p0 = 2 * g;
+      while (g >= first[j + 1]) ++j;
+      const Source& src = jobs[j].src;
+      const bf16* bias = jobs[j].bias;
+      bf16* y = jobs[j].y;
+      const int64_t N = jobs[j].N, panels = (N + 15) / 16, p0 = 2 * (g - first[j]);
       const int nb = static_cast<int>(std::min<int64_t>(2, panels - p0));
       const int64_t n0 = p0 * 16, nn = std::min<int64_t>(nb * 16, N - n0);
-      if (weights_as_a) {
-        weights_as_a_pair(*buf, p0, nb);
+      buf->configure_for(as_a[j], xcols, rows);
+      if (as_a[j]) {
+        weights_as_a_pair(*buf, src, bias, y, N, p0, nb);
         continue;
       }
       FilledPanels filled{};
@@ -325,6 +356,13 @@ void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, b
       }
     }
   });
+}
+
+template <class Source>
+void amx_impl(const bf16* x, int64_t ldx, const Source& src, const bf16* bias, bf16* y, int64_t M, int64_t K,
+              int64_t N) {
+  const Job<Source> job{src, bias, y, N};
+  amx_impl_jobs(x, ldx, &job, 1, M, K);
 }
 
 }  // namespace amx

@@ -206,6 +206,43 @@ torch::Tensor linear_repacked(torch::Tensor x, torch::Tensor packed, int64_t typ
   return io.y;
 }
 
+// x [M, K] times several regrouped weights [N_j, K] (q, k and v; gate and up): for each, what linear_repacked gives.
+// On AMX one pool of work for all (amx.h amx_impl_jobs), elsewhere one product after another.
+std::vector<torch::Tensor> linear_repacked_many(torch::Tensor x, std::vector<torch::Tensor> packed, std::vector<int64_t> types,
+                                                std::vector<int64_t> Ns, std::vector<c10::optional<torch::Tensor>> biases) {
+  const size_t n = packed.size();
+  TORCH_CHECK(n >= 1 && n < 8 && types.size() == n && Ns.size() == n && biases.size() == n,
+              "linear_repacked_many: 1 to 7 weights, a type, N and bias (or None) for each");
+  TORCH_CHECK(x.dim() == 2, "linear_repacked_many: x [M, K]");
+  const int64_t K = x.size(1);
+  std::vector<int64_t> pb(n);
+  for (size_t j = 0; j < n; ++j) {
+    pb[j] = repack::panel_bytes(checked_format(types[j], K, "linear_repacked_many"), K);
+    TORCH_CHECK(packed[j].dim() == 1 && packed[j].scalar_type() == torch::kUInt8 && packed[j].is_contiguous() &&
+                packed[j].numel() == (Ns[j] + 15) / 16 * pb[j], "linear_repacked_many: weight ", j, " is not [", Ns[j],
+                ", ", K, "] of type ", types[j]);
+  }
+  std::vector<torch::Tensor> ys;
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+  if (x.scalar_type() == torch::kBFloat16 && bf16_on_tiles()) {
+    std::vector<LinearIO> io;
+    std::vector<amx::Job<RepackedSource<bf16>>> jobs;
+    for (size_t j = 0; j < n; ++j) {
+      io.push_back(linear_io(x, biases[j], Ns[j], "linear_repacked_many"));
+      const LinearIO& o = io.back();
+      jobs.push_back({RepackedSource<bf16>{packed[j].data_ptr<uint8_t>(), pb[j], static_cast<int>(types[j])},
+                      o.b.defined() ? o.b.data_ptr<bf16>() : nullptr, o.y.data_ptr<bf16>(), Ns[j]});
+    }
+    const LinearIO& o = io.front();  // the same x for all
+    amx::amx_impl_jobs(o.x.data_ptr<bf16>(), o.x.size(1), jobs.data(), static_cast<int>(n), o.x.size(0), o.K);
+    for (const LinearIO& each : io) ys.push_back(each.y);
+    return ys;
+  }
+#endif
+  for (size_t j = 0; j < n; ++j) ys.push_back(linear_repacked(x, packed[j], types[j], Ns[j], biases[j]));
+  return ys;
+}
+
 // float32 [len(rows), K]: rows `rows` (int64) of a regrouped weight [N, K], as gguf-py dequantizes them (the
 // embedding's lookups, and the tests).
 torch::Tensor dequantize_repacked(torch::Tensor packed, int64_t type, int64_t N, int64_t K, torch::Tensor rows) {

@@ -1,0 +1,96 @@
+"""The lean decoder layer (oospec.engine.lean_layer) computes the stock layer's bits: every hidden state of a
+prefill, and the logits of a verification tree and of slot rows through a huge LoRA, are bitwise those of the
+stock forward, for qwen2 and llama, float32 and bfloat16, and for a GGUF target whose q/k/v and gate/up run as
+one kernel call each. A deliberate change to the lean forward is caught by the same comparison."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from helpers import VOCAB, tiny_model, write_random_lora
+
+from oospec.engine import lean_layer
+from oospec.engine.invariant import install
+from oospec.engine.lean_layer import install_lean, remove_lean
+from oospec.engine.quantized import LinearGroup
+from oospec.engine.slot_rows import PROMPT, SlotFeed, add_slot_lora
+from oospec.engine.target import TargetBackend
+from oospec.engine.tree import TokenTree
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8),
+                                                                    b.contiguous().view(torch.uint8))
+
+
+@torch.inference_mode()
+def outputs(model, prompt: np.ndarray, tree: TokenTree, slots: SlotFeed | None) -> list[torch.Tensor]:
+    """Every hidden state of a prefill, then the tree's and the slot rows' logits of one verification."""
+    ids = torch.from_numpy(prompt).view(1, -1)
+    states = list(model(input_ids=ids, output_hidden_states=True).hidden_states)
+    target = TargetBackend(model)
+    target.reset(len(prompt) + 64)
+    pending = target.prefill(prompt)
+    logits, slot_logits = target.verify_rows(pending, tree, slots)
+    return states + [logits] + ([slot_logits] if slot_logits is not None else [])
+
+
+def compare(model, seed: int, slots: bool = False) -> tuple[int, bool]:
+    """(lean layers, whether the lean and stock forwards agree bit for bit on `outputs`)."""
+    rng = np.random.default_rng(seed)
+    vocab = model.config.vocab_size
+    prompt = rng.integers(2, vocab, 80)  # more than STEP_ROWS rows: the prefill path too
+    parents = np.array([-1, 0, 0, 1, 3, -1, 5])
+    tree = TokenTree(rng.integers(2, vocab, len(parents)), parents)
+    feed = SlotFeed(rng.integers(2, vocab, 3), np.array([PROMPT, 0, PROMPT]), 0) if slots else None
+    layers = install_lean(model)
+    lean = outputs(model, prompt, tree, feed)
+    remove_lean(model)
+    stock = outputs(model, prompt, tree, feed)
+    install_lean(model)
+    return layers, all(same_bits(a, b) for a, b in zip(lean, stock, strict=True))
+
+
+@pytest.mark.parametrize("arch,dtype", [("qwen2", torch.float32), ("qwen2", torch.bfloat16),
+                                        ("llama", torch.float32), ("llama", torch.bfloat16)], ids=str)
+def test_the_lean_layer_gives_the_stock_bits(arch, dtype, tmp_path):
+    model = tiny_model(arch).to(dtype)
+    add_slot_lora(model, write_random_lora(tmp_path / "lora", model, scale=10.0))
+    report = install(model)
+    assert report["lean_layers"] == model.config.num_hidden_layers
+    for seed in range(3):
+        layers, same = compare(model, seed, slots=seed > 0)
+        assert layers == model.config.num_hidden_layers and same, seed
+
+
+def test_a_change_to_the_lean_layer_is_caught(monkeypatch):
+    model = tiny_model("qwen2").to(torch.bfloat16)
+    install(model)
+    assert compare(model, 0)[1]
+    plain = lean_layer._rotate_half
+    monkeypatch.setattr(lean_layer, "_rotate_half", lambda x: plain(x) * 1.01)
+    assert not compare(model, 0)[1]
+
+
+def test_a_layer_that_is_not_the_installed_kind_keeps_the_stock_forward():
+    model = tiny_model("llama")
+    assert install(model)["lean_layers"] == model.config.num_hidden_layers
+    remove_lean(model)
+    model.model.layers[0].mlp.act_fn = torch.nn.SiLU()  # not the invariant SiLU: the lean forward would differ
+    assert install_lean(model) == model.config.num_hidden_layers - 1
+    assert "forward" not in model.model.layers[0].__dict__
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_gguf_target_runs_q_k_v_and_gate_up_as_one_call_each_with_the_stock_bits(dtype, one_thread):
+    from oospec.engine.quantized import load_gguf_model
+    from oospec.models.provision import pull_gguf
+
+    model, _ = load_gguf_model(pull_gguf("smollm2-135m", progress=False), dtype=dtype)
+    install(model)
+    layers, same = compare(model, 7)
+    assert layers == model.config.num_hidden_layers and same
+    attn = model.model.layers[0].self_attn
+    assert isinstance(attn.__dict__["_oospec_group"][1], LinearGroup)  # the path under test was taken
+    assert model.config.vocab_size > VOCAB
