@@ -11,7 +11,7 @@ import torch
 from helpers import VOCAB, tiny_model, write_random_lora
 
 from oospec.engine import lean_layer
-from oospec.engine.invariant import install
+from oospec.engine.precision import prepare
 from oospec.engine.lean_layer import install_lean, remove_lean
 from oospec.engine.quantized import LinearGroup
 from oospec.engine.slot_rows import PROMPT, SlotFeed, add_slot_lora
@@ -57,7 +57,7 @@ def compare(model, seed: int, slots: bool = False) -> tuple[int, bool]:
 def test_the_lean_layer_gives_the_stock_bits(arch, dtype, tmp_path):
     model = tiny_model(arch).to(dtype)
     add_slot_lora(model, write_random_lora(tmp_path / "lora", model, scale=10.0))
-    report = install(model)
+    report = prepare(model)  # what every command does to a CPU target
     assert report["lean_layers"] == model.config.num_hidden_layers
     for seed in range(3):
         layers, same = compare(model, seed, slots=seed > 0)
@@ -66,7 +66,7 @@ def test_the_lean_layer_gives_the_stock_bits(arch, dtype, tmp_path):
 
 def test_a_change_to_the_lean_layer_is_caught(monkeypatch):
     model = tiny_model("qwen2").to(torch.bfloat16)
-    install(model)
+    prepare(model)
     assert compare(model, 0)[1]
     plain = lean_layer._rotate_half
     monkeypatch.setattr(lean_layer, "_rotate_half", lambda x: plain(x) * 1.01)
@@ -75,11 +75,27 @@ def test_a_change_to_the_lean_layer_is_caught(monkeypatch):
 
 def test_a_layer_that_is_not_the_installed_kind_keeps_the_stock_forward():
     model = tiny_model("llama")
-    assert install(model)["lean_layers"] == model.config.num_hidden_layers
+    assert prepare(model)["lean_layers"] == model.config.num_hidden_layers
     remove_lean(model)
     model.model.layers[0].mlp.act_fn = torch.nn.SiLU()  # not the invariant SiLU: the lean forward would differ
     assert install_lean(model) == model.config.num_hidden_layers - 1
     assert "forward" not in model.model.layers[0].__dict__
+
+
+def test_a_layer_whose_attention_was_replaced_since_takes_the_stock_forward():
+    model = tiny_model("qwen2")
+    prepare(model)
+    ids = torch.arange(2, 12).view(1, -1)
+    with torch.inference_mode():
+        lean = model(input_ids=ids).logits
+        model.config._attn_implementation = "sdpa"  # e.g. another installer; the lean forward would ignore it
+        stock = model(input_ids=ids).logits
+    calls = []
+    model.model.layers[0].self_attn.register_forward_hook(lambda *a: calls.append(1))
+    with torch.inference_mode():
+        model(input_ids=ids)
+    assert calls, "the stock forward calls the attention module; the lean one does not"
+    assert torch.allclose(lean, stock, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -88,7 +104,7 @@ def test_a_gguf_target_runs_q_k_v_and_gate_up_as_one_call_each_with_the_stock_bi
     from oospec.models.provision import pull_gguf
 
     model, _ = load_gguf_model(pull_gguf("smollm2-135m", progress=False), dtype=dtype)
-    install(model)
+    prepare(model)
     layers, same = compare(model, 7)
     assert layers == model.config.num_hidden_layers and same
     attn = model.model.layers[0].self_attn

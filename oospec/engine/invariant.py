@@ -353,8 +353,6 @@ def install(model: nn.Module, ops=None) -> dict:
         inner.rotary_emb = RotaryTable(inner.rotary_emb, initial)
     _register_attention()
     model.config._attn_implementation = ATTN_NAME
-    from oospec.engine.lean_layer import install_lean  # it builds on this module's pieces
-
-    report.update(applied=True, kernels=f"{getattr(ops, 'name', 'c++')} ({ops.isa()})", lean_layers=install_lean(model))
+    report.update(applied=True, kernels=f"{getattr(ops, 'name', 'c++')} ({ops.isa()})")
     model.oospec_invariant = report
     return report

@@ -85,16 +85,18 @@ def lean_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask: 
 
 
 def install_lean(model: nn.Module) -> int:
-    """Give every decoder layer of an installed invariant model `lean_forward` where it computes what the stock
-    forward computes (module docstring); the others keep theirs. Returns how many layers took it."""
+    """Give every decoder layer of a model `oospec.engine.invariant.install` made invariant `lean_forward` where it
+    computes what the stock forward computes (module docstring); the others keep theirs. Returns how many layers
+    took it (`oospec.engine.precision.prepare` does both)."""
     done = 0
     for layer in model.model.layers:
         if not _leanable(layer):
             continue
         stock = type(layer).forward
 
-        def forward(hidden_states, *args, _layer=layer, _stock=stock, **kwargs):
-            if args or hidden_states.requires_grad or not set(kwargs) <= _ACCEPTED:
+        def forward(hidden_states, *args, _layer=layer, _stock=stock, _config=layer.self_attn.config, **kwargs):
+            if args or hidden_states.requires_grad or not set(kwargs) <= _ACCEPTED or \
+                    _config._attn_implementation != ATTN_NAME:  # another attention installed since
                 return _stock(_layer, hidden_states, *args, **kwargs)
             return lean_forward(_layer, hidden_states, **kwargs)
 

@@ -23,6 +23,7 @@ import torch
 
 from oospec.engine import padded
 from oospec.engine.invariant import STEP_ROWS, install
+from oospec.engine.lean_layer import install_lean
 from oospec.engine.target import TargetBackend
 from oospec.engine.tree import ROOT, TokenTree
 
@@ -123,7 +124,10 @@ def prepare(model, optimize: bool = True) -> dict:
         return {"applied": False, "reason": "optimize=False", "kernels": None}
     if next(model.parameters()).device.type != "cpu":
         return padded.install(model)
-    return install(model)
+    report = install(model)
+    if report["applied"] and "lean_layers" not in report:  # the same bits with less Python per layer
+        report["lean_layers"] = install_lean(model)
+    return report
 
 
 def _load_accelerator(name_or_path, dtype: str, device: str, optimize: bool, say):
