@@ -68,9 +68,18 @@ def test_a_change_to_the_lean_layer_is_caught(monkeypatch):
     model = tiny_model("qwen2").to(torch.bfloat16)
     prepare(model)
     assert compare(model, 0)[1]
-    plain = lean_layer._rotate_half
-    monkeypatch.setattr(lean_layer, "_rotate_half", lambda x: plain(x) * 1.01)
-    assert not compare(model, 0)[1]
+    plain = lean_layer.invariant_attention
+    with monkeypatch.context() as patch:  # the lean forward's attention output, off by 1%
+        patch.setattr(lean_layer, "invariant_attention", lambda *a, **k: (plain(*a, **k)[0] * 1.01, None))
+        assert not compare(model, 0)[1]
+    ops = model.model.layers[0].self_attn.oospec_ops
+    if hasattr(ops, "rope"):  # the rotary kernel with one rounding left out: x * cos + r * sin in float32
+        def unrounded(x, cos, sin):
+            xf, cf, sf = x.float(), cos.float().unsqueeze(1), sin.float().unsqueeze(1)
+            return (xf * cf + lean_layer._rotate_half(xf) * sf).to(x.dtype)
+        with monkeypatch.context() as patch:
+            patch.setattr(ops, "rope", unrounded)
+            assert not compare(model, 0)[1]
 
 
 def test_a_layer_that_is_not_the_installed_kind_keeps_the_stock_forward():
@@ -110,3 +119,19 @@ def test_a_gguf_target_runs_q_k_v_and_gate_up_as_one_call_each_with_the_stock_bi
     attn = model.model.layers[0].self_attn
     assert isinstance(attn.__dict__["_oospec_group"][1], LinearGroup)  # the path under test was taken
     assert model.config.vocab_size > VOCAB
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_the_rotary_kernel_rounds_as_the_stock_expression(dtype):
+    from oospec.engine.invariant import kernels
+
+    ops = kernels()
+    if not hasattr(ops, "rope"):
+        pytest.skip("the pure-torch kernels: the lean forward uses the stock expression itself")
+    g = torch.Generator().manual_seed(3)
+    for batch, cos_batch in ((1, 1), (2, 2), (2, 1)):
+        x = (torch.randn(batch, 5, 3, 16, generator=g) * 30).to(dtype).transpose(1, 2)  # [B, H, S, D], as q is
+        cos = torch.randn(cos_batch, 5, 16, generator=g).to(dtype)
+        sin = torch.randn(cos_batch, 5, 16, generator=g).to(dtype)
+        want = (x * cos.unsqueeze(1)) + (lean_layer._rotate_half(x) * sin.unsqueeze(1))
+        assert same_bits(ops.rope(x, cos, sin), want.contiguous()), (batch, cos_batch)

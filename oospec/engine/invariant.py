@@ -287,7 +287,7 @@ def invariant_attention(module, query, key, value, attention_mask, dropout=0.0, 
     scale = scaling if scaling is not None else dim ** -0.5
     valid = _valid_keys(attention_mask, rows, key.shape[2])
     outs = [ops.attention(query[i], key[i], value[i], valid[i if len(valid) > 1 else 0], scale) for i in range(b)]
-    return torch.stack(outs), None
+    return (outs[0].unsqueeze(0) if b == 1 else torch.stack(outs)), None  # one request: no copy
 
 
 def _register_attention() -> None:

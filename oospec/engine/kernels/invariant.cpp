@@ -164,6 +164,50 @@ torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) {
   return y;
 }
 
+// ---- rotary embedding ---------------------------------------------------------------------------------------
+// transformers' apply_rotary_pos_emb for one of q, k: x * cos + rotate_half(x) * sin, rotate_half(x) = (-x2, x1),
+// each of the three operations rounded to T as torch rounds it (a product or sum in float32, then to T; the
+// negation is exact). One call instead of the seven tensor operations a layer makes for it, on the calling thread
+// (a decode row is 3K elements). x [B, H, S, D] with unit stride in D; cos, sin [B, S, D] in T. Returns [B, H, S, D].
+template <class T>
+void rope_impl(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin, torch::Tensor& y) {
+  const int64_t B = x.size(0), H = x.size(1), S = x.size(2), D = x.size(3), half = D / 2;
+  const T* xp = x.data_ptr<T>();
+  const T* cp = cos.data_ptr<T>();
+  const T* sp = sin.data_ptr<T>();
+  T* yp = y.data_ptr<T>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t s = 0; s < S; ++s) {
+        const T* xr = xp + b * x.stride(0) + h * x.stride(1) + s * x.stride(2);
+        const T* cr = cp + b * cos.stride(0) + s * cos.stride(1);
+        const T* sr = sp + b * sin.stride(0) + s * sin.stride(1);
+        T* yr = yp + ((b * H + h) * S + s) * D;
+        for (int64_t d = 0; d < D; ++d) {
+          const float rotated = d < half ? -to_float(xr[d + half]) : to_float(xr[d - half]);
+          const float a = to_float(from_float<T>(to_float(xr[d]) * to_float(cr[d])));
+          const float c = to_float(from_float<T>(rotated * to_float(sr[d])));
+          yr[d] = from_float<T>(a + c);
+        }
+      }
+}
+
+torch::Tensor rope(torch::Tensor x, torch::Tensor cos, torch::Tensor sin) {
+  TORCH_CHECK(x.dim() == 4 && cos.dim() == 3 && sin.dim() == 3, "rope: x [B, H, S, D], cos and sin [B, S, D]");
+  TORCH_CHECK(x.scalar_type() == cos.scalar_type() && x.scalar_type() == sin.scalar_type(), "rope: one dtype");
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(1) == x.size(2) && cos.size(2) == x.size(3) &&
+              (cos.size(0) == x.size(0) || cos.size(0) == 1) && x.size(3) % 2 == 0, "rope: shapes do not match");
+  if (x.stride(3) != 1) x = x.contiguous();
+  if (cos.stride(2) != 1) cos = cos.contiguous();
+  if (sin.stride(2) != 1) sin = sin.contiguous();
+  if (cos.size(0) != x.size(0)) { cos = cos.expand({x.size(0), -1, -1}); sin = sin.expand({x.size(0), -1, -1}); }
+  auto y = torch::empty(x.sizes(), x.options());
+  if (x.scalar_type() == torch::kFloat32) rope_impl<float>(x, cos, sin, y);
+  else if (x.scalar_type() == torch::kBFloat16) rope_impl<bf16>(x, cos, sin, y);
+  else TORCH_CHECK(false, "rope: float32 or bfloat16 only");
+  return y;
+}
+
 // ---- attention over the cache ----------------------------------------------------------------------------
 // q [H, Q, D], k and v [Hk, L, D] (rows of one head contiguous, heads strided), valid [Q, L] (bytes; empty:
 // causal, row i sees keys 0 .. L-Q+i). Output [Q, H, D], as transformers expects attention's output.
@@ -380,6 +424,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_repacked", &dequantize_repacked, "rows of a regrouped weight -> float32, as gguf-py");
   m.def("attention", &attention, "row-invariant attention over a KV cache");
   m.def("rms_norm", &rms_norm, "row-wise RMSNorm");
+  m.def("rope", &rope, "transformers' rotary embedding of q or k, each operation rounded as torch rounds it");
   m.def("silu", &silu, "element-wise SiLU with exp_fixed");
   m.def("exp_fixed", &exp_fixed_tensor, "exp_fixed on a float32 tensor (vector: 16 lanes at a time, else one by one)",
         py::arg("x"), py::arg("vector") = true);
