@@ -254,7 +254,7 @@ void amx_impl_jobs(const bf16* x, int64_t ldx, const Job<Source>* jobs, int njob
   int64_t blk_stride = 0;
   const bf16* xt = any_as_a ? x_as_b_tiles(a, lda, M, K, xcols, blk_stride) : nullptr;
   const int64_t xblocks = M == 1 ? 1 : (M + 15) / 16;
-  struct Buffers {  // per thread: its tile configuration is loaded with them
+  struct Buffers {  // per thread, with the tile configuration it loaded (configure_for, before its first tiles)
     alignas(64) float c[2 * TILE_ROWS * 32];
     alignas(64) float rows[16 * 16];  // a C tile of weights_as_a turned to rows x outputs
     alignas(64) bf16 tail[2 * TILE_ELEMS];
