@@ -78,9 +78,11 @@ def test_lying_hints_are_harmless(smol_engine, apibank_case):
         assert np.array_equal(out.tokens, ref), lie
 
 
-def test_wrong_function_is_corrected_by_a_follow_up(smol_engine, apibank_case):
+def test_wrong_function_is_corrected_by_a_follow_up(smol_engine, apibank_case, one_thread):
     """The payload names another tool; once the target writes its own, the sidecar is asked for that
-    function's slots and their hint carries the arguments."""
+    function's slots and their hint carries the arguments. One thread: the trees' budget comes from the cost
+    curve of the thread count, and on this item the 2-thread budget's other drafts already cover the arguments
+    (the same forwards with the hint or without), so the comparison would depend on the order tests ran in."""
     sample, prompt, ref, guess = apibank_case
     other = next(t.name for t in sample.tools if t.name != guess.function)
     wrong_only = generate(smol_engine, sample, prompt, make_drafter("oospec", sidecar=InstantSidecar([Guess(other, {})])))

@@ -217,18 +217,39 @@ def test_a_job_answered_after_its_request_is_timed_by_settle_so_the_next_request
     assert inner.report.schedule["why"] != "exploring"
 
 
+def _declined_plan(job_s: float, tau_with: float | None = None, explore_every: int = 8) -> SidecarSchedule:
+    """A schedule whose measured jobs of 600 prompt tokens take `job_s` (of 100, half that), beside a target that writes a call in
+    40 / 4.3 * 0.15 = 1.4 s (the priors); tau_with: what requests with hints in time showed (default: the prior)."""
+    plan = SidecarSchedule(explore=0, explore_every=explore_every)
+    for _ in range(8):
+        plan.job.add(600, job_s)
+        plan.job.add(100, job_s / 2)
+    for _ in range(40 if tau_with else 0):
+        plan.tau_with.add(tau_with)
+    return plan
+
+
 def test_a_declined_schedule_explores_one_request_in_eight_so_it_keeps_learning():
     """Once the model declines every job, tau with hints would never be measured again: one declined request in
-    EXPLORE_EVERY sends its job anyway, and nothing else changes."""
-    plan = SidecarSchedule(explore=0, explore_every=8)
-    plan.job.add(600, 30.0)  # a slow sidecar: never worth it on a shared core
+    EXPLORE_EVERY sends its job anyway, if it can end before the call is written, and nothing else changes."""
+    plan = _declined_plan(0.6, tau_with=5.0)  # in time (~1.1 s), but hints that barely help do not pay for its core
     whys = [plan.decide(np.arange(600 + i), 1, 1).why for i in range(24)]
     assert whys.count("exploring (1 in 8 declined)") == 3
     assert [i for i, w in enumerate(whys) if w.startswith("exploring")] == [7, 15, 23]
     assert set(whys) == {"costs more than it saves", "exploring (1 in 8 declined)"}
-    never = SidecarSchedule(explore=0, explore_every=0)
-    never.job.add(600, 30.0)
+    never = _declined_plan(0.6, tau_with=5.0, explore_every=0)
     assert all(never.decide(np.arange(600), 1, 1).why == "costs more than it saves" for _ in range(24))
+
+
+def test_a_job_that_cannot_arrive_in_time_is_not_sent_to_explore():
+    """A job slower than the target writes its call teaches nothing about tau with hints: no exploring. The calls'
+    length is learned from every request, so once calls are long enough the job is sent again."""
+    plan = _declined_plan(3.0)
+    decisions = [plan.decide(np.arange(600 + i), 1, 1) for i in range(24)]
+    assert all(not d.run and d.why == "costs more than it saves" for d in decisions)
+    for _ in range(40):
+        plan.request_done(200, 200 // 4, hints_in_time=False)  # calls of 200 tokens at tau 4: ~7.5 s of decoding
+    assert plan.decide(np.arange(700), 1, 1).run
 
 
 def test_what_requests_taught_the_schedule_outlives_the_process():

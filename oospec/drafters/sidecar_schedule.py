@@ -52,7 +52,11 @@ LEARNED_RECORD = "sidecar-learned.json"  # {speed_key: {mean name: [total, count
 LEARNED_WEIGHT_CAP = 32.0
 # After the first `explore` jobs, one request in EXPLORE_EVERY that the model would not send a job for sends one
 # anyway: tau with hints is learned only from requests whose hints arrived, so a schedule that stopped sending
-# jobs would otherwise never see that it has become worth it (a faster sidecar, longer calls).
+# jobs would otherwise never see that it has become worth it (longer calls, a cached session prompt). Only a job
+# expected to end before the target would have written the call explores: one that cannot arrive in time teaches
+# nothing about tau with hints and only takes a core from its request (on 2 cores, 4-7% of a benchmark's time
+# for one job in 8). The job's speed and the calls' length are learned from every request, so a longer call or a
+# cheaper (cached) prompt lets exploring resume.
 EXPLORE_EVERY = 8
 TYPICAL_PROMPT_TOKENS = 600.0  # where the prior line is anchored besides n = 0 (a prompt listing a few tools)
 
@@ -158,7 +162,8 @@ class SidecarSchedule:
                 else "costs more than it saves"
             if not run and self.explore_every:
                 self._declined += 1
-                if self._declined >= self.explore_every:
+                decode_s = self.call_tokens.value / self.tau_without.value * self.step_s.value
+                if self._declined >= self.explore_every and job_s <= decode_s:
                     self._declined = 0
                     why, run = f"exploring (1 in {self.explore_every} declined)", True
         return Decision(run, why, n, job_s, cost, gain + ahead)
