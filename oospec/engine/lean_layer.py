@@ -18,6 +18,8 @@ on and this one does not know go to the stock forward.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from torch import nn
 
@@ -29,12 +31,6 @@ from oospec.engine.quantized import LinearGroup
 # Any other keyword goes to the stock forward.
 _ACCEPTED = frozenset({"attention_mask", "position_embeddings", "cache", "past_key_values", "past_key_value",
                        "position_ids", "use_cache", "cache_position", "output_attentions", "output_hidden_states"})
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    """transformers' rotate_half: (-x2, x1)."""
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 def _together(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> list[torch.Tensor]:
@@ -74,10 +70,8 @@ def lean_forward(layer: nn.Module, hidden_states: torch.Tensor, attention_mask: 
     rope = getattr(attn.oospec_ops, "rope", None)
     if rope is not None:  # the C++ kernels: the same three roundings per element in one call
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-    else:
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-        q = (q * cos) + (_rotate_half(q) * sin)
-        k = (k * cos) + (_rotate_half(k) * sin)
+    else:  # the pure-torch kernels: the architecture's own apply_rotary_pos_emb
+        q, k = sys.modules[type(attn).__module__].apply_rotary_pos_emb(q, k, cos, sin)
     if cache is not None:
         k, v = cache.update(k, v, attn.layer_idx)
     out, _ = invariant_attention(attn, q, k, v, attention_mask, dropout=0.0, scaling=attn.scaling)
@@ -101,7 +95,7 @@ def install_lean(model: nn.Module) -> int:
         stock = type(layer).forward
 
         def forward(hidden_states, *args, _layer=layer, _stock=stock, _config=layer.self_attn.config, **kwargs):
-            if args or hidden_states.requires_grad or not set(kwargs) <= _ACCEPTED or \
+            if args or hidden_states.requires_grad or not _ACCEPTED.issuperset(kwargs) or \
                     _config._attn_implementation != ATTN_NAME:  # another attention installed since
                 return _stock(_layer, hidden_states, *args, **kwargs)
             return lean_forward(_layer, hidden_states, **kwargs)

@@ -88,7 +88,6 @@ class LinearGroup:
     layer's call. `of` says None where the layers are not all plain regrouped QuantizedLinear of one dtype."""
 
     def __init__(self, layers: list[QuantizedLinear]):
-        self.layers = layers
         self.blocks = [q.weight_blocks.blocks for q in layers]
         self.types = [q.weight_blocks.qtype for q in layers]
         self.rows = [q.out_features for q in layers]
