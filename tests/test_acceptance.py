@@ -142,3 +142,21 @@ def test_ancestor_mask_equals_brute_force_on_random_trees(seed):
     rng = np.random.default_rng(100 + seed)
     tree = random_trie(rng, int(rng.integers(1, 60)), vocab=4)
     assert np.array_equal(tree.ancestor_mask(), brute_force_mask(tree))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_greedy_choices_are_torchs_argmax_ties_and_nans_included(dtype):
+    import torch
+
+    from oospec.engine.target import greedy_choices
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(6, 5000, generator=g) * 4).to(getattr(torch, dtype))
+    logits[1, [7, 4000]] = 100.0  # a tie: the first
+    logits[2, [9, 30]] = float("nan")  # a NaN counts as the largest, the first one
+    logits[3, 11] = float("inf")
+    logits[4] = float("-inf")  # all equal: index 0
+    got = greedy_choices(logits)
+    assert got.dtype == np.int64 and got.tolist() == logits.argmax(-1).tolist()
+    assert got[1:5].tolist() == [7, 9, 11, 0]
+    assert int(greedy_choices(logits[5])) == int(logits[5].argmax())

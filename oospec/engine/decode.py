@@ -206,7 +206,7 @@ def prefill(target: TargetBackend, state: DecodeState, prefix_cache: PrefixCache
         logits = target.prefill_logits(prompt, start=reused, between_chunks=threads.update)
         if state.constraint is not None:
             logits = state.constraint.mask_next(logits)
-        token = int(logits.argmax()) if state.sampling is None else inverse_cdf(
+        token = int(greedy_choices(logits.reshape(-1))) if state.sampling is None else inverse_cdf(
             target_distribution(logits.cpu(), state.sampling), float(state.uniforms[0]))
         if state.constraint is not None:
             state.constraint.advance([token])

@@ -102,10 +102,12 @@ class SlotLayer(CacheLayerMixin):
 
 
 def greedy_choices(logits: torch.Tensor) -> np.ndarray:
-    """(rows, vocab) logits -> (rows,) int64 argmax."""
-    if logits.dtype == torch.bfloat16 and logits.device.type == "cpu":
-        logits = logits.float()  # exact, so the same argmax; torch's float32 argmax is twice as fast here
-    return logits.argmax(-1).cpu().numpy()
+    """(..., vocab) logits -> (...,) int64 argmax: the first largest, a NaN counting as the largest (torch's rule
+    and numpy's). On a CPU numpy's: torch's CPU argmax took 260 us for one 151,936-word row on two threads,
+    numpy's 45 (bfloat16 to float32 is exact, so the same choice)."""
+    if logits.device.type != "cpu":
+        return logits.argmax(-1).cpu().numpy()
+    return logits.detach().float().numpy().argmax(-1).astype(np.int64, copy=False)
 
 
 # Prompt tokens per prefill forward. Chunks let the engine hand the target more cores between them (once a
@@ -173,7 +175,7 @@ class TargetBackend:
 
         start: prompt tokens already in the cache (restored by `load_prefix`); only the rest is encoded.
         between_chunks: called before every prefill chunk but the first (the engine changes threads there)."""
-        return int(self.prefill_logits(prompt_ids, start, between_chunks).argmax())
+        return int(greedy_choices(self.prefill_logits(prompt_ids, start, between_chunks).reshape(-1)))
 
     @torch.inference_mode()
     def prefill_logits(self, prompt_ids: np.ndarray, start: int = 0,
