@@ -122,6 +122,23 @@ def test_a_gguf_target_runs_q_k_v_and_gate_up_as_one_call_each_with_the_stock_bi
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_gguf_target_with_a_slot_lora_groups_its_calls_with_the_stock_bits(dtype, tmp_path):
+    from oospec.engine.quantized import load_gguf_model
+    from oospec.engine.slot_rows import RowLoRAGroup
+    from oospec.models.provision import pull_gguf
+
+    model, _ = load_gguf_model(pull_gguf("smollm2-135m", progress=False), dtype=dtype)
+    add_slot_lora(model, write_random_lora(tmp_path / "lora", model, scale=10.0))
+    prepare(model)
+    for seed in (3, 4):  # slot rows through a huge LoRA: the grouped deltas must be each layer's own
+        layers, same = compare(model, seed, slots=True)
+        assert layers == model.config.num_hidden_layers and same, seed
+    layer = model.model.layers[0]
+    for owner in (layer.self_attn, layer.mlp):
+        assert isinstance(owner.__dict__["_oospec_group"][1], RowLoRAGroup)  # the path under test was taken
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_the_rotary_kernel_rounds_as_the_stock_expression(dtype):
     from oospec.engine.kernels import native
 

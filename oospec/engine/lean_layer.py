@@ -25,6 +25,7 @@ from torch import nn
 
 from oospec.engine.invariant import ATTN_NAME, InvariantRMSNorm, InvariantSiLU, invariant_attention
 from oospec.engine.quantized import LinearGroup
+from oospec.engine.slot_rows import RowLoRAGroup
 
 # What the model passes a decoder layer that this forward takes: the mask, cos/sin, the cache under any of its
 # names, and what the stock layer ignores or only hands on to the attention interface (which ignores it too).
@@ -40,7 +41,7 @@ def _together(owner: nn.Module, names: tuple[str, ...], x: torch.Tensor) -> list
     layers = [owner._modules[n] for n in names]
     made = owner.__dict__.get("_oospec_group")
     if made is None or any(a is not b for a, b in zip(made[0], layers)):
-        made = (layers, LinearGroup.of(layers))
+        made = (layers, LinearGroup.of(layers) or RowLoRAGroup.of(layers))
         owner.__dict__["_oospec_group"] = made
     group = made[1]
     return group(x) if group is not None else [layer.forward(x) for layer in layers]
