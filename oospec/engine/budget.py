@@ -34,6 +34,13 @@ CPU_CURVES = {
     # TDPBF16PS as one row does, so a forward stays memory-bound far longer.
     ("bfloat16-amx", 1): {1: 1.00, 2: 1.01, 3: 1.02, 4: 1.05, 6: 1.10, 8: 1.14, 12: 1.19, 16: 1.26, 24: 1.44, 32: 1.50, 48: 2.04, 63: 2.50},
     ("bfloat16-amx", 2): {1: 1.00, 2: 1.01, 3: 1.01, 4: 1.06, 6: 1.07, 8: 1.09, 12: 1.15, 16: 1.20, 24: 1.40, 32: 1.48, 48: 1.94, 63: 2.35},
+    # A GGUF target (the default: Qwen2.5-Coder-1.5B Q4_K_M read from its blocks, oospec.engine.quantized) on the
+    # same Xeon: a forward is bound by making the weights, and past 16 rows a second x block costs a step
+    # (17 rows: 1.55). Median of 6 runs (3 before, 3 after the A tiles' balanced rows), 580-token prompt:
+    # `oospec bench cost-curve --model qwen2.5-coder-1.5b --threads T --ks 1,2,3,4,6,8,12,16,17,20,24,32,40,48,64
+    # --repeats 7` (experiments/results/kernel-cost-curve-amx/gguf/).
+    ("gguf-bfloat16-amx", 1): {1: 1.00, 2: 1.04, 3: 1.07, 4: 1.09, 6: 1.14, 8: 1.18, 12: 1.27, 16: 1.34, 17: 1.52, 20: 1.66, 24: 1.75, 32: 1.94, 40: 3.06, 48: 3.12, 64: 3.80},
+    ("gguf-bfloat16-amx", 2): {1: 1.00, 2: 1.06, 3: 1.08, 4: 1.10, 6: 1.15, 8: 1.18, 12: 1.27, 16: 1.35, 17: 1.55, 20: 1.69, 24: 1.81, 32: 1.94, 40: 3.19, 48: 3.33, 64: 3.91},
 }
 
 # c(k)/c(1) of the padded invariant forward on a GPU (oospec.engine.padded: every forward holds 64 rows, so the
@@ -85,16 +92,18 @@ def bf16_on_amx() -> bool:
     return ops is not None and ops.isa() == "amx_bf16"
 
 
-def default_cost_model(dtype=None, device: str = "cpu", threads: int | None = None) -> CostModel:
+def default_cost_model(dtype=None, device: str = "cpu", threads: int | None = None,
+                       quantized: bool = False) -> CostModel:
     """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's; bfloat16
-    on AMX tiles its own) at `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the
+    on AMX tiles its own, and a GGUF target's weights read from their blocks on AMX theirs: `quantized`) at
+    `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the
     cautious choice (it keeps trees small): an accelerator's flatter curve should be measured and given
     (CostModel.from_json)."""
     import torch
 
     name = "bfloat16" if dtype == torch.bfloat16 and device == "cpu" else "float32"
     if name == "bfloat16" and bf16_on_amx():
-        name = "bfloat16-amx"
+        name = "gguf-bfloat16-amx" if quantized else "bfloat16-amx"
     threads = torch.get_num_threads() if threads is None else threads
     return CostModel.from_curve(CPU_CURVES[name, 1 if threads <= 1 else 2])
 

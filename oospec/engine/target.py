@@ -19,6 +19,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from oospec.engine.budget import GPU_PADDED_CURVE, CostModel, default_cost_model
+from oospec.engine.quantized import QuantizedLinear
 from oospec.engine.slot_rows import SlotFeed, SlotForest, SlotPlan, lora_rows
 from oospec.engine.tree import TokenTree
 
@@ -129,6 +130,8 @@ class TargetBackend:
         self.prefill_chunk = prefill_chunk
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
+        # weights read from GGUF blocks (oospec.engine.quantized): their cost curve is their own
+        self.quantized = any(isinstance(m, QuantizedLinear) for m in model.modules())
         self.max_context = int(getattr(model.config, "max_position_embeddings", 0) or 1 << 30)
         self._layers: list[SlotLayer] = []
         self._cache: Cache | None = None
@@ -148,7 +151,7 @@ class TargetBackend:
         GPU's measured curve (nearly flat)."""
         if self.step_rows:
             return CostModel.from_curve(GPU_PADDED_CURVE)
-        return default_cost_model(self.dtype, self.device.type, threads)
+        return default_cost_model(self.dtype, self.device.type, threads, self.quantized)
 
     @property
     def length(self) -> int:

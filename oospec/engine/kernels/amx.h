@@ -221,7 +221,10 @@ template <class Source>
 void amx_impl_jobs(const bf16* x, int64_t ldx, const Job<Source>* jobs, int njobs, int64_t M, int64_t K) {
   const int64_t steps = ksteps(K, 2), pe = steps * 32;
   const int64_t tiles = (steps + TILE_PAIRS - 1) / TILE_PAIRS, kp = tiles * 32;
-  const int rows = static_cast<int>(std::min<int64_t>(M, TILE_ROWS));
+  // Rows per A tile: as few blocks as 16-row tiles allow, balanced (17 rows: two of 9, not 16 and 1). A tile's
+  // TDPBF16PS takes time by its rows, and each output row's products are the same in any block: the same bits.
+  const int64_t blocks = (M + TILE_ROWS - 1) / TILE_ROWS;
+  const int rows = static_cast<int>((M + blocks - 1) / blocks);
   const int64_t mp = (M + rows - 1) / rows * rows;
   const bf16* a = x;
   int64_t lda = ldx;
