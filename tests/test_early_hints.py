@@ -130,3 +130,38 @@ def test_written_arguments_are_those_whose_values_are_finished():
     assert after(CALL + '"city": "Paris"') == {"city"}
     assert after(CALL + '"city": "Paris", "days": 3') == {"city"}
     assert after(CALL + '"city": "Paris", "days": 3, "met') == {"city", "days"}
+
+
+def test_the_tree_gives_way_to_slot_rows_worth_more_than_its_last_nodes():
+    """decode.draft sizes the tree beside the rows the drafter offers: past one x block a row costs a step, so rows
+    ride only where the tree leaves room, and only when they are credited with more than the nodes they replace."""
+    from oospec.engine.decode import DecodeState, GenerationStats, draft
+    from oospec.engine.drafting import Candidate, Drafter
+
+    class Offering(Drafter):
+        slot_rows, slot_store = 32, 1024
+        cost = CostModel.from_curve({1: 1.0, 16: 1.3, 17: 1.6, 64: 4.0})
+
+        def __init__(self, credit: float):
+            self.credit, self.asked = credit, []
+
+        def candidates(self, context):
+            return [Candidate(np.arange(10, 40), 0.95, 0.85)]
+
+        def slot_offer(self):
+            return 6, self.credit
+
+        def slot_feed(self, context, rows, beside=1):
+            self.asked.append(beside)
+            return None
+
+    def tree_with(credit: float) -> int:
+        state = DecodeState(np.zeros(64, dtype=np.int64), 4, 40, 16, 32, np.zeros(0, dtype=np.int64), None, None,
+                            None, None, n=5)
+        drafter = Offering(credit)
+        tree, _ = draft(drafter, state, GenerationStats())
+        assert drafter.asked == [len(tree) + 1]  # the rows are then fed beside that tree
+        return len(tree)
+
+    alone = tree_with(0.0)
+    assert 12 <= alone <= 15 and tree_with(0.05) < alone  # credited rows take the tail's place

@@ -130,3 +130,22 @@ def test_generate_gives_drafters_the_targets_curve_unless_the_request_has_one(dt
         generate(target, Lending(), Request(prompt_ids=prompt, max_new_tokens=4))
         assert np.allclose(seen[-1].ratios, target.cost_model(2).ratios)
         assert not np.allclose(target.cost_model(2).ratios, target.cost_model(1).ratios)
+
+
+def test_a_tree_leaves_room_for_slot_rows_worth_more_than_its_last_nodes():
+    from oospec.engine.budget import beside_slot_rows, paying_rows
+
+    step = CostModel.from_curve({1: 1.0, 16: 1.3, 17: 1.6, 64: 4.0})  # one x block holds 16 rows
+    cands = [Candidate(np.arange(10, 40), 0.95, 0.85)]  # the last nodes of a long chain are weak
+    full = build_tree(cands, 16, step)
+    assert 12 <= len(full) <= 15  # at most 16 rows: the 17th costs a step its node does not pay for
+    assert paying_rows(step, 16, wanted=6, credit=0.05) == 0  # beside 16 rows no row pays: the step
+    joint = build_tree(cands, 16, beside_slot_rows(step, 17, wanted=6, credit=0.05))
+    rows = paying_rows(step, len(joint) + 1, wanted=6, credit=0.05)
+    assert len(joint) < len(full) and rows > 0 and len(joint) + 1 + rows <= 16  # rows in the tree's place
+    # rows that save nothing change nothing: the same curve, the same tree
+    assert np.allclose(beside_slot_rows(step, 17, 6, 0.0).cost(np.arange(1, 18)), step.cost(np.arange(1, 18)))
+    assert len(build_tree(cands, 16, beside_slot_rows(step, 17, 6, 0.0))) == len(full)
+    # rows worth a lot take the whole x block
+    greedy = build_tree(cands, 16, beside_slot_rows(step, 17, wanted=6, credit=1.0))
+    assert len(greedy) + 1 + paying_rows(step, len(greedy) + 1, 6, 1.0) >= 16

@@ -61,6 +61,9 @@ class MergedDrafter(Drafter):
     def slot_feed(self, context: np.ndarray, rows: int, beside: int = 1):
         return self._slot_part.slot_feed(context, rows, beside)
 
+    def slot_offer(self) -> tuple[int, float]:
+        return self._slot_part.slot_offer()
+
     def slot_logits(self, feed, logits) -> None:
         self._slot_part.slot_logits(feed, logits)
 

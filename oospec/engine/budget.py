@@ -84,6 +84,30 @@ class CostModel:
         return inside
 
 
+def paying_rows(cost: CostModel, beside: int, wanted: int, credit: float) -> int:
+    """The most of `wanted` slot rows whose added cost beside `beside` rows, c(beside + r) - c(beside), is within
+    what they are expected to save: `credit` forwards each, a forward of `beside` rows costing c(beside)."""
+    if wanted <= 0 or credit <= 0.0:
+        return 0
+    base = float(cost.cost(beside))
+    r = np.arange(wanted + 1)
+    return int(r[cost.cost(beside + r) - base <= r * credit * base + 1e-9].max())
+
+
+def beside_slot_rows(cost: CostModel, k_max: int, wanted: int, credit: float) -> CostModel:
+    """The curve a tree is sized on when slot rows may ride beside it: for k = 1..k_max rows (the pending token
+    and k - 1 nodes), the forward with the rows that pay beside them (`paying_rows`), less what those rows are
+    expected to save. A smaller tree then leaves room for rows worth more than its last nodes (16 rows fit one
+    x block of the AMX kernels: the 17th row costs a step, which rows beside a full tree never pay)."""
+    ks = np.arange(1, k_max + 1)
+    own = cost.cost(ks)
+    rows = [paying_rows(cost, k, wanted, credit) for k in ks.tolist()]
+    net = cost.cost(ks + np.asarray(rows)) - np.asarray(rows) * credit * own
+    # The rows may at most halve what a forward seems to cost: a tree is ranked by tokens per cost, which a
+    # cost near zero (rows credited with more than they cost) would turn into "no tree at all".
+    return CostModel(ks, np.maximum(net, 0.5 * own))
+
+
 def bf16_on_amx() -> bool:
     """Whether this process's invariant bfloat16 kernels run on AMX tiles (their curve is much flatter)."""
     from oospec.engine.kernels import native

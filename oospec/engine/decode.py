@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from oospec.engine.acceptance import greedy_accept
-from oospec.engine.budget import SampledAcceptance
+from oospec.engine.budget import SampledAcceptance, beside_slot_rows
 from oospec.engine.constraint import GrammarConstraint
 from oospec.engine.distribution import SamplingParams, inverse_cdf, target_distribution
 from oospec.engine.drafting import Drafter, Request, build_tree
@@ -230,10 +230,14 @@ def draft(drafter: Drafter, state: DecodeState, stats: GenerationStats) -> tuple
     t0 = time.perf_counter()
     context = state.seq[: state.n]  # a view: drafters read the prompt and output as written, never re-tokenized
     discount = state.meter.discount if state.meter is not None else 1.0
-    tree = build_tree(drafter.candidates(context), state.budget, drafter.cost, discount).pruned(
-        state.budget, remaining - 1)
-    # The tree first, for its own worth; slot rows then ride beside its rows only where they pay for the wider
-    # forward (the drafter weighs that: it knows what its rows save).
+    cost = drafter.cost
+    if state.slot_rows and cost is not None:  # the tree sized beside the slot rows that pay (the drafter's offer)
+        wanted, credit = drafter.slot_offer()
+        if wanted > 0 and credit > 0.0:
+            cost = beside_slot_rows(cost, state.budget + 1, min(wanted, state.slot_rows), credit)
+    tree = build_tree(drafter.candidates(context), state.budget, cost, discount).pruned(state.budget, remaining - 1)
+    # Slot rows ride beside the tree's rows only where they pay for the wider forward (the drafter weighs that
+    # with the same rule: it knows what its rows save).
     feed = drafter.slot_feed(context, state.slot_rows, len(tree) + 1) if state.slot_rows else None
     if feed is not None and len(feed) > state.slot_rows:
         raise ValueError(f"{drafter.name} fed {len(feed)} slot rows, more than the {state.slot_rows} it was given")

@@ -135,6 +135,11 @@ class Drafter:
         anyway (the pending token and the tree), which the slot rows' cost is added to."""
         return None
 
+    def slot_offer(self) -> tuple[int, float]:
+        """(rows wanted, forwards each is expected to save) for the next forward's slot rows: the engine sizes the
+        tree beside them (oospec.engine.budget.beside_slot_rows); (0, 0.0): none."""
+        return 0, 0.0
+
     def slot_logits(self, feed: SlotFeed, logits: torch.Tensor) -> None:
         """The (len(feed), vocab) logits after each row of the feed just verified (its rows are in the forest now);
         called only for drafters with slot_rows."""

@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from oospec.engine.budget import CostModel, PriorMean
+from oospec.engine.budget import CostModel, PriorMean, paying_rows
 from oospec.engine.drafting import Drafter, Request
 from oospec.engine.prefix_cache import common_prefix_length
 from oospec.engine.slot_rows import PROMPT, SlotFeed
@@ -234,20 +234,21 @@ class SlotRowSidecar(Drafter):
             ticket.compute_s += spent
 
     def rows_worth(self, beside: int, wanted: int) -> int:
-        """How many of `wanted` rows pay for themselves beside `beside` rows the forward holds anyway: the most r
-        whose added cost c(beside + r) - c(beside) is within what r rows are expected to save, each row worth an
-        equal share of the forwards the open jobs' hints save (`expected_saving`) over the rows they still need
-        (`rows_needed`)."""
+        """How many of `wanted` rows pay for themselves beside `beside` rows the forward holds anyway (the most r
+        whose added cost is within what they are expected to save: oospec.engine.budget.paying_rows), each row
+        worth `row_credit` forwards."""
         if self.cost is None or wanted <= 0:
             return wanted
+        return paying_rows(self.cost, beside, wanted, self.row_credit())
+
+    def row_credit(self) -> float:
+        """Forwards a row is expected to save: an equal share of what the open jobs' hints save
+        (`expected_saving`) over the rows they still need (`rows_needed`)."""
         need = self.rows_needed()
-        if need == 0:
-            return 0
-        base = float(self.cost.cost(beside))
-        per_row = self.expected_saving() / need * base  # in c(1) units: a saved forward costs c(beside)
-        r = np.arange(wanted + 1)
-        pays = self.cost.cost(beside + r) - base <= r * per_row + 1e-9
-        return int(r[pays].max())
+        return self.expected_saving() / need if need else 0.0
+
+    def slot_offer(self) -> tuple[int, float]:
+        return min(len(self.queue), self.slot_store - len(self.nodes)), self.row_credit()
 
     def expected_saving(self) -> float:
         """Forwards the open jobs' hints are expected to save: per slot not yet done, its value's tokens (at least
