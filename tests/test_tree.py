@@ -55,7 +55,7 @@ def test_the_default_curve_follows_the_targets_dtype_and_threads(amx, monkeypatc
     from oospec.engine import budget
     from oospec.engine.budget import CPU_CURVES, default_cost_model
 
-    monkeypatch.setattr(budget, "bf16_on_amx", lambda: amx)  # the same meaning on every CPU
+    monkeypatch.setattr(budget, "kernel_isa", lambda: "amx_bf16" if amx else "avx512_bf16")  # any CPU alike
     bf16 = "bfloat16-amx" if amx else "bfloat16"
     before = torch.get_num_threads()
     try:
@@ -70,26 +70,40 @@ def test_the_default_curve_follows_the_targets_dtype_and_threads(amx, monkeypatc
         torch.set_num_threads(before)
     assert CPU_CURVES[bf16, 2][16] != CPU_CURVES["float32", 2][16]  # else the dtype would not matter
     assert CPU_CURVES["bfloat16-amx", 2][16] < CPU_CURVES["bfloat16", 2][16]  # tiles: rows nearly free
-    # a GGUF target's weights made from their blocks: its own curve on AMX, the dense one elsewhere
-    gguf = "gguf-bfloat16-amx" if amx else "bfloat16"
-    want = budget.CostModel.from_curve(CPU_CURVES[gguf, 2]).cost(17)
-    assert np.allclose(default_cost_model(torch.bfloat16, threads=2, quantized=True).cost(17), want)
-    assert CPU_CURVES["gguf-bfloat16-amx", 2][17] > CPU_CURVES["bfloat16-amx", 2][16] * 1.2  # the step past 16 rows
+
+
+@pytest.mark.parametrize("isa,dtype", [("amx_bf16", "bfloat16"), ("avx512_bf16", "bfloat16"),
+                                       ("avx512f", "float32"), ("avx2", "float32")])
+def test_a_gguf_target_takes_its_kernel_paths_own_curve(isa, dtype, monkeypatch):
+    import torch
+
+    from oospec.engine import budget
+    from oospec.engine.budget import CPU_CURVES, CostModel, default_cost_model
+
+    monkeypatch.setattr(budget, "kernel_isa", lambda: isa)
+    own = CPU_CURVES[f"gguf-{dtype}-{isa}", 2]
+    got = default_cost_model(getattr(torch, dtype), threads=2, quantized=True)
+    assert np.allclose(got.cost(np.arange(1, 65)), CostModel.from_curve(own).cost(np.arange(1, 65)))
+    dense = default_cost_model(getattr(torch, dtype), threads=2)  # the same path without GGUF blocks
+    assert not np.allclose(got.cost(16), dense.cost(16))
+    monkeypatch.setattr(budget, "kernel_isa", lambda: "scalar")  # a path never measured: the dense curve
+    assert np.allclose(default_cost_model(getattr(torch, dtype), threads=2, quantized=True).cost(16),
+                       default_cost_model(getattr(torch, dtype), threads=2).cost(16))
 
 
 def test_a_gguf_targets_backend_reads_the_quantized_curve(monkeypatch):
     import torch
+    from helpers import tiny_model
 
     from oospec.engine import budget
     from oospec.engine.budget import CPU_CURVES
     from oospec.engine.quantized import load_gguf_model
     from oospec.engine.target import TargetBackend
     from oospec.models.provision import pull_gguf
-    from helpers import tiny_model
 
-    monkeypatch.setattr(budget, "bf16_on_amx", lambda: True)
+    monkeypatch.setattr(budget, "kernel_isa", lambda: "amx_bf16")
     model, _ = load_gguf_model(pull_gguf("smollm2-135m", progress=False), dtype=torch.bfloat16)
-    assert np.allclose(TargetBackend(model).cost_model(2).cost(17), CPU_CURVES["gguf-bfloat16-amx", 2][17])
+    assert np.allclose(TargetBackend(model).cost_model(2).cost(17), CPU_CURVES["gguf-bfloat16-amx_bf16", 2][17])
     dense = tiny_model("qwen2").to(torch.bfloat16)
     assert np.allclose(TargetBackend(dense).cost_model(2).cost(16), CPU_CURVES["bfloat16-amx", 2][16])
 

@@ -34,13 +34,23 @@ CPU_CURVES = {
     # TDPBF16PS as one row does, so a forward stays memory-bound far longer.
     ("bfloat16-amx", 1): {1: 1.00, 2: 1.01, 3: 1.02, 4: 1.05, 6: 1.10, 8: 1.14, 12: 1.19, 16: 1.26, 24: 1.44, 32: 1.50, 48: 2.04, 63: 2.50},
     ("bfloat16-amx", 2): {1: 1.00, 2: 1.01, 3: 1.01, 4: 1.06, 6: 1.07, 8: 1.09, 12: 1.15, 16: 1.20, 24: 1.40, 32: 1.48, 48: 1.94, 63: 2.35},
-    # A GGUF target (the default: Qwen2.5-Coder-1.5B Q4_K_M read from its blocks, oospec.engine.quantized) on the
-    # same Xeon: a forward is bound by making the weights, and past 16 rows a second x block costs a step
-    # (17 rows: 1.55). Median of 6 runs (3 before, 3 after the A tiles' balanced rows), 580-token prompt:
-    # `oospec bench cost-curve --model qwen2.5-coder-1.5b --threads T --ks 1,2,3,4,6,8,12,16,17,20,24,32,40,48,64
-    # --repeats 7` (experiments/results/kernel-cost-curve-amx/gguf/).
-    ("gguf-bfloat16-amx", 1): {1: 1.00, 2: 1.04, 3: 1.07, 4: 1.09, 6: 1.14, 8: 1.18, 12: 1.27, 16: 1.34, 17: 1.52, 20: 1.66, 24: 1.75, 32: 1.94, 40: 3.06, 48: 3.12, 64: 3.80},
-    ("gguf-bfloat16-amx", 2): {1: 1.00, 2: 1.06, 3: 1.08, 4: 1.10, 6: 1.15, 8: 1.18, 12: 1.27, 16: 1.35, 17: 1.55, 20: 1.69, 24: 1.81, 32: 1.94, 40: 3.19, 48: 3.33, 64: 3.91},
+    # A GGUF target (the default: Qwen2.5-Coder-1.5B Q4_K_M read from its blocks, oospec.engine.quantized), by
+    # the kernel path ("gguf-DTYPE-ISA", ISA: kernels.ISA_NAMES), on the same Xeon, 580-token prompt:
+    # `[OOSPEC_KERNEL_ISA=ISA] oospec bench cost-curve --model qwen2.5-coder-1.5b --dtype DTYPE --threads T
+    # --ks 1,2,3,4,6,8,12,16,17,20,24,32,40,48,64` (experiments/results/kernel-cost-curve-amx/gguf/). On AMX a
+    # forward is bound by making the weights, and past 16 rows a second x block costs a step (17 rows: 1.55;
+    # median of 6 runs, --repeats 7). The other paths were forced on this Xeon (median of 2 runs, --repeats 5):
+    # their per-row work is the same instructions on any CPU that has them, their memory is this Xeon's. Each
+    # row costs far more than the dense model's curve of the same path says (c(16): 3.42 against 1.66 on
+    # VDPBF16PS, 2.33 against 1.52 in float32 on AVX-512).
+    ("gguf-bfloat16-avx512_bf16", 1): {1: 1.00, 2: 1.16, 3: 1.33, 4: 1.52, 6: 1.87, 8: 2.24, 12: 2.95, 16: 3.70, 17: 3.87, 20: 4.42, 24: 5.12, 32: 6.54, 40: 7.94, 48: 9.40, 64: 12.39},
+    ("gguf-bfloat16-avx512_bf16", 2): {1: 1.00, 2: 1.13, 3: 1.32, 4: 1.50, 6: 1.81, 8: 2.16, 12: 2.82, 16: 3.42, 17: 3.56, 20: 4.08, 24: 4.68, 32: 6.07, 40: 7.25, 48: 8.71, 64: 11.51},
+    ("gguf-float32-avx512f", 1): {1: 1.00, 2: 1.08, 3: 1.54, 4: 1.54, 6: 1.54, 8: 1.90, 12: 2.05, 16: 2.38, 17: 2.38, 20: 2.76, 24: 2.76, 32: 3.44, 40: 4.14, 48: 4.79, 64: 6.38},
+    ("gguf-float32-avx512f", 2): {1: 1.00, 2: 1.12, 3: 1.16, 4: 1.16, 6: 1.40, 8: 1.74, 12: 1.93, 16: 2.33, 17: 2.34, 20: 2.73, 24: 2.73, 32: 3.67, 40: 4.30, 48: 5.17, 64: 6.43},
+    ("gguf-float32-avx2", 1): {1: 1.00, 2: 1.02, 3: 1.03, 4: 1.05, 6: 1.20, 8: 1.25, 12: 1.44, 16: 1.64, 17: 1.67, 20: 1.76, 24: 1.96, 32: 2.37, 40: 2.68, 48: 3.08, 64: 3.75},
+    ("gguf-float32-avx2", 2): {1: 1.00, 2: 1.00, 3: 1.11, 4: 1.12, 6: 1.23, 8: 1.26, 12: 1.48, 16: 1.70, 17: 1.70, 20: 1.78, 24: 2.05, 32: 2.41, 40: 2.94, 48: 3.38, 64: 4.06},
+    ("gguf-bfloat16-amx_bf16", 1): {1: 1.00, 2: 1.04, 3: 1.07, 4: 1.09, 6: 1.14, 8: 1.18, 12: 1.27, 16: 1.34, 17: 1.52, 20: 1.66, 24: 1.75, 32: 1.94, 40: 3.06, 48: 3.12, 64: 3.80},
+    ("gguf-bfloat16-amx_bf16", 2): {1: 1.00, 2: 1.06, 3: 1.08, 4: 1.10, 6: 1.15, 8: 1.18, 12: 1.27, 16: 1.35, 17: 1.55, 20: 1.69, 24: 1.81, 32: 1.94, 40: 3.19, 48: 3.33, 64: 3.91},
 }
 
 # c(k)/c(1) of the padded invariant forward on a GPU (oospec.engine.padded: every forward holds 64 rows, so the
@@ -108,28 +118,32 @@ def beside_slot_rows(cost: CostModel, k_max: int, wanted: int, credit: float) ->
     return CostModel(ks, np.maximum(net, 0.5 * own))
 
 
-def bf16_on_amx() -> bool:
-    """Whether this process's invariant bfloat16 kernels run on AMX tiles (their curve is much flatter)."""
+def kernel_isa() -> str | None:
+    """The instruction set this process's C++ invariant kernels were built for (kernels.ISA_NAMES; None: the
+    pure-torch kernels)."""
     from oospec.engine.kernels import native
 
     ops = native()
-    return ops is not None and ops.isa() == "amx_bf16"
+    return ops.isa() if ops is not None else None
 
 
 def default_cost_model(dtype=None, device: str = "cpu", threads: int | None = None,
                        quantized: bool = False) -> CostModel:
     """The measured CPU curve for `dtype` (a torch dtype; default and anything but bfloat16: float32's; bfloat16
-    on AMX tiles its own, and a GGUF target's weights read from their blocks on AMX theirs: `quantized`) at
-    `threads` torch threads (None: the count in use now). Other devices get the float32 CPU curve too, the
-    cautious choice (it keeps trees small): an accelerator's flatter curve should be measured and given
-    (CostModel.from_json)."""
+    on AMX tiles its own) at `threads` torch threads (None: the count in use now). `quantized`: the target reads
+    GGUF blocks (oospec.engine.quantized), whose curve on each kernel path is its own where it was measured
+    ("gguf-DTYPE-ISA"). Other devices get the float32 CPU curve too, the cautious choice (it keeps trees small):
+    an accelerator's flatter curve should be measured and given (CostModel.from_json)."""
     import torch
 
     name = "bfloat16" if dtype == torch.bfloat16 and device == "cpu" else "float32"
-    if name == "bfloat16" and bf16_on_amx():
-        name = "gguf-bfloat16-amx" if quantized else "bfloat16-amx"
-    threads = torch.get_num_threads() if threads is None else threads
-    return CostModel.from_curve(CPU_CURVES[name, 1 if threads <= 1 else 2])
+    isa = kernel_isa() if device == "cpu" else None
+    threads = 1 if (torch.get_num_threads() if threads is None else threads) <= 1 else 2
+    if quantized and (f"gguf-{name}-{isa}", threads) in CPU_CURVES:
+        return CostModel.from_curve(CPU_CURVES[f"gguf-{name}-{isa}", threads])
+    if name == "bfloat16" and isa == "amx_bf16":
+        name = "bfloat16-amx"
+    return CostModel.from_curve(CPU_CURVES[name, threads])
 
 
 class PriorMean:
