@@ -97,11 +97,17 @@ class CostModel:
 def paying_rows(cost: CostModel, beside: int, wanted: int, credit: float) -> int:
     """The most of `wanted` slot rows whose added cost beside `beside` rows, c(beside + r) - c(beside), is within
     what they are expected to save: `credit` forwards each, a forward of `beside` rows costing c(beside)."""
+    return int(_paying_rows(cost, np.asarray(beside), wanted, credit))
+
+
+def _paying_rows(cost: CostModel, beside: np.ndarray, wanted: int, credit: float) -> np.ndarray:
+    """paying_rows for every element of `beside` at once (one broadcast, no loop per tree size)."""
     if wanted <= 0 or credit <= 0.0:
-        return 0
-    base = float(cost.cost(beside))
+        return np.zeros(beside.shape, dtype=np.int64)
+    base = cost.cost(beside)[..., None]
     r = np.arange(wanted + 1)
-    return int(r[cost.cost(beside + r) - base <= r * credit * base + 1e-9].max())
+    pays = cost.cost(beside[..., None] + r) - base <= r * credit * base + 1e-9
+    return np.where(pays, r, 0).max(-1)
 
 
 def beside_slot_rows(cost: CostModel, k_max: int, wanted: int, credit: float) -> CostModel:
@@ -111,8 +117,8 @@ def beside_slot_rows(cost: CostModel, k_max: int, wanted: int, credit: float) ->
     x block of the AMX kernels: the 17th row costs a step, which rows beside a full tree never pay)."""
     ks = np.arange(1, k_max + 1)
     own = cost.cost(ks)
-    rows = [paying_rows(cost, k, wanted, credit) for k in ks.tolist()]
-    net = cost.cost(ks + np.asarray(rows)) - np.asarray(rows) * credit * own
+    rows = _paying_rows(cost, ks, wanted, credit)
+    net = cost.cost(ks + rows) - rows * credit * own
     # The rows may at most halve what a forward seems to cost: a tree is ranked by tokens per cost, which a
     # cost near zero (rows credited with more than they cost) would turn into "no tree at all".
     return CostModel(ks, np.maximum(net, 0.5 * own))
