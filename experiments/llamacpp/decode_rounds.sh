@@ -7,6 +7,8 @@
 #   OUT/curve580-R.json, OUT/curve16-R.json: `oospec bench cost-curve` after a 580- and a 16-token prompt
 #   OUT/busy1.json: the 580-token curve beside one busy loop, once at the end
 # Then prints each round and the medians (SUMMARY_ONLY=1: only that, from files already in OUT).
+# DTYPE (default auto) is oospec's --dtype; LLAMA_BENCH another llama-bench (experiments/llamacpp/build.sh's ISA=avx2
+# peer beside OOSPEC_KERNEL_ISA=avx2 and DTYPE=float32: what an AVX2-only CPU runs).
 set -euo pipefail
 OUT=${1:?output folder}
 ROUNDS=${2:-3}
@@ -19,10 +21,10 @@ mkdir -p "$OUT"
 [ -n "${SUMMARY_ONLY:-}" ] && ROUNDS=0
 for r in $(seq 1 "$ROUNDS"); do
   "$BENCH" -m "$GGUF" -t "$THREADS" -p 0 -n 64 -d 0,580 -r 3 -o json > "$OUT/llama-$r.json"
-  oospec bench cost-curve --model "$MODEL" --ks 1,16,64 --repeats 9 --prompt-len 580 --threads "$THREADS" --out "$OUT/curve580-$r.json" > /dev/null
-  oospec bench cost-curve --model "$MODEL" --ks 1,16 --repeats 9 --prompt-len 16 --threads "$THREADS" --out "$OUT/curve16-$r.json" > /dev/null
+  oospec bench cost-curve --model "$MODEL" --dtype "${DTYPE:-auto}" --ks 1,16,64 --repeats 9 --prompt-len 580 --threads "$THREADS" --out "$OUT/curve580-$r.json" > /dev/null
+  oospec bench cost-curve --model "$MODEL" --dtype "${DTYPE:-auto}" --ks 1,16 --repeats 9 --prompt-len 16 --threads "$THREADS" --out "$OUT/curve16-$r.json" > /dev/null
 done
-[ "$ROUNDS" -gt 0 ] && oospec bench cost-curve --model "$MODEL" --ks 1,16 --repeats 7 --prompt-len 580 --threads "$THREADS" --busy 1 --out "$OUT/busy1.json" > /dev/null
+[ "$ROUNDS" -gt 0 ] && oospec bench cost-curve --model "$MODEL" --dtype "${DTYPE:-auto}" --ks 1,16 --repeats 7 --prompt-len 580 --threads "$THREADS" --busy 1 --out "$OUT/busy1.json" > /dev/null
 python3 - "$OUT" <<'PY'
 import glob, json, statistics, sys
 out = sys.argv[1]

@@ -28,7 +28,7 @@ from oospec.models.cpu_features import this_cpu_flags
 SOURCE = Path(__file__).with_name("invariant.cpp")
 SOURCES = (SOURCE, SOURCE.with_name("linear.cpp"), SOURCE.with_name("gguf_linear.cpp"))
 HEADERS = tuple(SOURCE.with_name(h) for h in (
-    "lanes.h", "vector_tiles.h", "amx.h", "linear.h", "quants.h", "repack.h", "transpose.h"))
+    "lanes.h", "vector_tiles.h", "amx.h", "linear.h", "quants.h", "repack.h", "repack_avx2.h", "transpose.h"))
 log = logging.getLogger(__name__)
 
 # Instruction sets the kernels use, the best first: (name, cpuinfo flags required, compiler flags). The names

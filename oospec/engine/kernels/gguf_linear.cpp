@@ -136,7 +136,7 @@ torch::Tensor linear_quant(torch::Tensor x, torch::Tensor raw, int64_t type, c10
   const int64_t K = x.size(1), N = raw.size(0);
   const int64_t stride = checked_row_bytes(raw, static_cast<int>(type), K, "linear_quant");
   // a chunk of k-steps (KC) must hold whole blocks: quants.h's blocks are at most 256 elements
-  static_assert(KC % 256 == 0, "KC k-steps must hold whole GGUF blocks");
+  static_assert(KC % 256 == 0 && KC1 % 256 == 0, "KC and KC1 k-steps must hold whole GGUF blocks");
   const LinearIO io = linear_io(x, bias, N, "linear_quant");
   const QuantRows rows{raw.data_ptr<uint8_t>(), stride, static_cast<int>(type), N, K};
   if (!io.bf16) run_linear<float>(io, QuantSource<float>{rows}, N);

@@ -274,6 +274,9 @@ inline void fill_panel(const uint8_t* panel, int64_t k0, int64_t k1, void* out) 
   }
 }
 
+// How far ahead a fill asks for the regrouped weights it streams through.
+constexpr int64_t PREFETCH_BYTES = 4096;
+
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 // The same weights and bits with AVX-512 spelled out (the plain loops above vectorize, but poorly: 3-4x slower).
 // bfloat16 pairs: VCVTNE2PS2BF16 rounds to nearest even as torch does for every finite weight that is not a
@@ -329,8 +332,6 @@ inline void quants16(const Group& g, int i, __m512i& h0, __m512i& h1) {
     h1 = _mm512_ternarylogic_epi32(h1, a1, mask, 0xF8);
   }
 }
-
-constexpr int64_t PREFETCH_BYTES = 4096;
 
 inline __m512 halves16(const uint8_t* p) {
   return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -474,11 +475,21 @@ inline void fill_rows(int type, const uint8_t* panel, int64_t k0, uint16_t* out)
 #endif
 #endif
 
+}  // namespace oospec::repack
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !(defined(__AVX512F__) && defined(__AVX512BW__))
+#include "repack_avx2.h"
+#endif
+
+namespace oospec::repack {
+
 // The dispatch over types, each compiled with its format as constants.
 template <bool Pairs>
 inline void fill(int type, const uint8_t* panel, int64_t k0, int64_t k1, void* out) {
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #define OOSPEC_FILL_TYPE(T) case quants::T: return fill_panel_avx512<quants::T, Pairs>(panel, k0, k1, out);
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define OOSPEC_FILL_TYPE(T) case quants::T: return fill_panel_avx2<quants::T, Pairs>(panel, k0, k1, out);
 #else
 #define OOSPEC_FILL_TYPE(T) case quants::T: return fill_panel<quants::T, Pairs>(panel, k0, k1, out);
 #endif

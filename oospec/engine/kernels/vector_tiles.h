@@ -71,6 +71,11 @@ constexpr int NJ = 1, RMAX = 5;   // a V16 is two ymm: 10 accumulators
 constexpr int NJ = 1, RMAX = 4;
 #endif
 constexpr int64_t KC = 512;
+// A decode step's one row takes more panels at once: each output's sum is a chain over k, one FMA latency per
+// k-step, so one row of NJ panels keeps only NJ (AVX2: 2 NJ) sums in flight where the FMA ports want ~8; and
+// chunks of KC1 k-steps (whole GGUF blocks, as KC), so that the panels made from the blocks stay in L2.
+constexpr int NJ1 = NJ < 4 ? 4 : NJ;
+constexpr int64_t KC1 = 256;
 
 // acc [R][16 NJc] float32 partial sums in memory (exact), updated over k-steps s0 .. s1 of the panels at w.
 template <class T, int NJc, int R>
@@ -115,12 +120,22 @@ void tile(const T* w, int64_t pe, int nj, const T* x, int64_t ldx, int rows, int
   if constexpr (NJc > 1) tile<T, NJc - 1>(w, pe, nj, x, ldx, rows, s0, s1, acc, prefetch);
 }
 
+// One row (a decode step) over nj <= NJc panels.
+template <class T, int NJc = NJ1>
+void tile1(const T* w, int64_t pe, int nj, const T* x, int64_t s0, int64_t s1, float* acc, bool prefetch) {
+  if (nj == NJc) return micro<T, NJc, 1>(w, pe, x, 0, s0, s1, acc, prefetch);
+  if constexpr (NJc > 1) tile1<T, NJc - 1>(w, pe, nj, x, s0, s1, acc, prefetch);
+}
+
 inline int64_t ksteps(int64_t K, int width) { return (K + width - 1) / width; }
 
 // Units [0, n) shared by the threads, claimed a chunk at a time from a counter rather than split in equal parts
 // up front: a thread the system pauses (another program wants its core) then holds back one chunk, not half the
 // product, and the threads still running take the rest. Each unit is computed the same way whoever claims it,
 // so the bits do not depend on the thread count or on who ran what. `grain`: the fewest units worth a thread.
+// A chunk is a share of what is left (1/(8 threads) of it, at least 1/(64 threads) of n): the first are long
+// runs through memory, the last small, so a thread that is done waits at the end for a small chunk of its
+// partner's, not for up to 1/(8 threads) of the product (a decode step's products each end that way).
 // setup() makes a thread's private state once; body(state, u0, u1) computes units u0 .. u1.
 template <class Setup, class Body>
 void claim_parallel(int64_t n, int64_t grain, Setup setup, Body body) {
@@ -130,11 +145,17 @@ void claim_parallel(int64_t n, int64_t grain, Setup setup, Body body) {
     body(state, 0, n);
     return;
   }
-  const int64_t chunk = std::max<int64_t>(1, n / (threads * 8));
+  const int64_t smallest = std::max<int64_t>(1, n / (threads * 64));
   std::atomic<int64_t> next{0};
   at::parallel_for(0, threads, 1, [&](int64_t, int64_t) {
     auto state = setup();
-    for (int64_t u0 = next.fetch_add(chunk); u0 < n; u0 = next.fetch_add(chunk)) body(state, u0, std::min(n, u0 + chunk));
+    int64_t u0 = next.load(std::memory_order_relaxed);
+    while (u0 < n) {
+      const int64_t chunk = std::max(smallest, (n - u0) / (threads * 8));
+      if (!next.compare_exchange_weak(u0, u0 + chunk, std::memory_order_relaxed)) continue;  // u0: the new next
+      body(state, u0, std::min(n, u0 + chunk));
+      u0 = next.load(std::memory_order_relaxed);
+    }
   });
 }
 
@@ -162,28 +183,36 @@ void packed_impl(const T* x, int64_t ldx, const Source& src, const T* b, T* y, i
   const int64_t steps = ksteps(K, S::width);
   const int64_t pe = steps * S::panel_step;  // elements per panel
   const int64_t panels = (N + 15) / 16;
-  const int64_t groups = (panels + NJ - 1) / NJ;
+  // Each output's sum runs over k in order whatever the panels beside it and the chunks: the same bits for any
+  // row count (one row takes NJ1 panels and KC1-step chunks, above).
+  const int group_panels = M == 1 ? NJ1 : NJ;
+  const int64_t kc = M == 1 ? KC1 : KC;
+  const int64_t groups = (panels + group_panels - 1) / group_panels;
   const int64_t row_blocks = (M + RMAX - 1) / RMAX;
   // Threads only for at least half a megabyte of weights each: waking them costs more on small matrices.
-  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (NJ * pe * static_cast<int64_t>(sizeof(T))));
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 19) / (group_panels * pe * static_cast<int64_t>(sizeof(T))));
   struct Buffers { std::vector<float> acc; std::vector<T> scratch; };
   const auto buffers = [&] {
-    return Buffers{std::vector<float>(static_cast<size_t>(M) * NJ * 16),
-                   std::vector<T>(static_cast<size_t>(NJ * src.scratch_elems(std::min(steps, KC))))};
+    return Buffers{std::vector<float>(static_cast<size_t>(M) * group_panels * 16),
+                   std::vector<T>(static_cast<size_t>(group_panels * src.scratch_elems(std::min(steps, kc))))};
   };
   claim_parallel(groups, grain, buffers, [&](Buffers& buf, int64_t g0, int64_t g1) {
     std::vector<float>& acc = buf.acc;
     std::vector<T>& scratch = buf.scratch;
     for (int64_t g = g0; g < g1; ++g) {
-      const int64_t p0 = g * NJ;
-      const int nj = static_cast<int>(std::min<int64_t>(NJ, panels - p0));
+      const int64_t p0 = g * group_panels;
+      const int nj = static_cast<int>(std::min<int64_t>(group_panels, panels - p0));
       const int64_t cols = nj * 16;
       std::fill(acc.begin(), acc.end(), 0.f);
-      for (int64_t s0 = 0; s0 < steps; s0 += KC) {
-        const int64_t s1 = std::min(steps, s0 + KC);
+      for (int64_t s0 = 0; s0 < steps; s0 += kc) {
+        const int64_t s1 = std::min(steps, s0 + kc);
         int64_t stride, first;
         const T* w = src.panels(p0, nj, s0, s1, scratch.data(), stride, first);
         const T* xs = x + (s0 - first) * S::width;  // step `first` of w is step s0 of x
+        if (M == 1) {
+          tile1<T>(w, stride, nj, xs, first, first + (s1 - s0), acc.data(), Source::prefetch);
+          continue;
+        }
         // row blocks as even as RMAX allows (16 rows: 6, 5, 5, not 6, 6, 4): the smallest tile loads the most
         for (int64_t blk = 0, m0 = 0; blk < row_blocks; ++blk) {
           const int rows = static_cast<int>(M / row_blocks + (blk < M % row_blocks ? 1 : 0));
