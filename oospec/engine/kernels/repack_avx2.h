@@ -8,11 +8,10 @@
 // 16 weights are two 8-lane vectors: the expression of repack.h's top comment, in its order (a * q is exact for
 // these types, so a * q - b in one fused rounding is the separate subtract's bits, as the AVX-512 fill argues).
 // bfloat16 pairs are rounded as torch rounds (the integer form: every weight is finite).
+// Included by repack.h after its formats and plain loops (which it uses), before the dispatch (which uses it).
 #pragma once
 
 #include <immintrin.h>
-
-#include "repack.h"
 
 namespace oospec::repack {
 
