@@ -113,18 +113,12 @@ void micro_rows(const T* w, int64_t pe, const T* x, int64_t ldx, int rows, int64
   if constexpr (R > 1) micro_rows<T, NJc, R - 1>(w, pe, x, ldx, rows, s0, s1, acc, prefetch);
 }
 
-template <class T, int NJc = NJ>
+// nj <= NJc panels x rows <= R rows (R = 1: a decode step's row, NJ1 panels wide).
+template <class T, int NJc = NJ, int R = RMAX>
 void tile(const T* w, int64_t pe, int nj, const T* x, int64_t ldx, int rows, int64_t s0, int64_t s1, float* acc,
           bool prefetch) {
-  if (nj == NJc) return micro_rows<T, NJc>(w, pe, x, ldx, rows, s0, s1, acc, prefetch);
-  if constexpr (NJc > 1) tile<T, NJc - 1>(w, pe, nj, x, ldx, rows, s0, s1, acc, prefetch);
-}
-
-// One row (a decode step) over nj <= NJc panels.
-template <class T, int NJc = NJ1>
-void tile1(const T* w, int64_t pe, int nj, const T* x, int64_t s0, int64_t s1, float* acc, bool prefetch) {
-  if (nj == NJc) return micro<T, NJc, 1>(w, pe, x, 0, s0, s1, acc, prefetch);
-  if constexpr (NJc > 1) tile1<T, NJc - 1>(w, pe, nj, x, s0, s1, acc, prefetch);
+  if (nj == NJc) return micro_rows<T, NJc, R>(w, pe, x, ldx, rows, s0, s1, acc, prefetch);
+  if constexpr (NJc > 1) tile<T, NJc - 1, R>(w, pe, nj, x, ldx, rows, s0, s1, acc, prefetch);
 }
 
 inline int64_t ksteps(int64_t K, int width) { return (K + width - 1) / width; }
@@ -210,7 +204,7 @@ void packed_impl(const T* x, int64_t ldx, const Source& src, const T* b, T* y, i
         const T* w = src.panels(p0, nj, s0, s1, scratch.data(), stride, first);
         const T* xs = x + (s0 - first) * S::width;  // step `first` of w is step s0 of x
         if (M == 1) {
-          tile1<T>(w, stride, nj, xs, first, first + (s1 - s0), acc.data(), Source::prefetch);
+          tile<T, NJ1, 1>(w, stride, nj, xs, ldx, 1, first, first + (s1 - s0), acc.data(), Source::prefetch);
           continue;
         }
         // row blocks as even as RMAX allows (16 rows: 6, 5, 5, not 6, 6, 4): the smallest tile loads the most
